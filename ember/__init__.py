@@ -1,0 +1,21 @@
+"""ember: a graph compiler for PyTorch. `torch.compile(model, backend="ember")`."""
+import os as _os
+import sys as _sys
+
+# Without a GPU, Triton kernels can only run in Triton's interpreter, which must be switched on before
+# triton is first imported. Do it here, the first point ember is in control, unless the user chose.
+if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules:
+    import torch as _torch
+    if not _torch.cuda.is_available():
+        _os.environ["TRITON_INTERPRET"] = "1"
+from . import metrics
+from .config import config
+from .compile_graph import EmberCompileError, compile_graph
+from .backend import ember_backend as backend
+
+from .backend import register as _register
+
+_register()
+
+__all__ = ["backend", "compile_graph", "config", "metrics", "EmberCompileError"]
+__version__ = "0.1.0"

@@ -1,0 +1,56 @@
+"""Kernel backends, chosen by device: Triton on GPUs; on CPUs the backend `config.cpu_backend` names
+(Triton through its interpreter, for tests, until the C++ backend lands). This is the one place that
+decides; nothing outside codegen/ asks which backend is in use."""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+
+from .. import config
+from ..ir.symbolic import FloorDiv
+from .wrapper.lines import CallKernel, DefineKernel, Name
+
+
+@dataclasses.dataclass
+class GeneratedKernel:
+    define: DefineKernel
+    call: CallKernel
+    stored: set           # buffer names the kernel writes to memory
+    source: str
+
+
+class TritonBackend:
+    def __init__(self, interpret: bool):
+        self.name = "triton-interpret" if interpret else "triton"
+
+    def generate(self, name, group, graph, local) -> GeneratedKernel:
+        from .triton.kernel import TritonKernel
+        materialize: set = set()
+        while True:
+            k = TritonKernel(name, group, graph, local, materialize).generate()
+            missing = k.needs_store - materialize
+            if not missing:
+                break
+            materialize |= missing   # a load could not be forwarded: keep that buffer in memory
+        meta = k.launch_config()
+        args = [Name(buf) for _, buf in k.args.call_order()] + [k.X] + ([k.R] if k.has_rdim else [])
+        args += [sympy.Symbol(s) for s in k.args.sizes.values()]
+        xblock = meta["XBLOCK"]
+        grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
+        source = k.source()
+        stored = set(k.args.outputs)
+        return GeneratedKernel(DefineKernel(name, source, self.name), CallKernel(name, args, grid, meta), stored, source)
+
+
+def backend_for(device: torch.device):
+    if device.type == "cpu":
+        config.validate()
+        if config.cpu_backend == "triton":
+            return TritonBackend(interpret=True)
+        from .cpp import CppBackend
+        return CppBackend()
+    if device.type == "cuda":
+        return TritonBackend(interpret=False)
+    raise NotImplementedError(f"ember has no kernel backend for device {device}")

@@ -1,0 +1,129 @@
+"""What every kernel backend shares: the value type its handler returns, common-subexpression
+elimination, kernel arguments, and printing sympy index expressions as code."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import sympy
+import torch
+from sympy.printing.str import StrPrinter
+
+from ..ir.symbolic import FloorDiv, ModularIndexing
+
+
+@dataclasses.dataclass(frozen=True)
+class KValue:
+    """A value in generated code. `kind` is its shape class: "const" (a literal), "scalar" (one value
+    per kernel), "x" (one per output element / row), "xr" (one per row element of a reduction)."""
+    name: str
+    dtype: torch.dtype
+    kind: str
+
+    def __str__(self):
+        return self.name
+
+
+_KIND_ORDER = {"const": 0, "scalar": 1, "x": 2, "xr": 3}
+
+
+def widest_kind(*values) -> str:
+    kinds = [v.kind for v in values if isinstance(v, KValue)]
+    return max(kinds, key=_KIND_ORDER.__getitem__) if kinds else "const"
+
+
+class IndexPrinter(StrPrinter):
+    """Prints index arithmetic with integer semantics; all operands are non-negative."""
+
+    def _print_FloorDiv(self, expr):
+        a, b = expr.args
+        return f"({self._paren(a)} // {self._paren(b)})"
+
+    def _print_ModularIndexing(self, expr):
+        a, d, m = expr.args
+        inner = self._paren(a) if d == 1 else f"({self._paren(a)} // {self._paren(d)})"
+        return f"({inner} % {self._paren(m)})"
+
+    def _print_Min(self, expr):
+        return self._minmax("min", expr.args)
+
+    def _print_Max(self, expr):
+        return self._minmax("max", expr.args)
+
+    def _minmax(self, fn, args):
+        out = self._print(args[0])
+        for a in args[1:]:
+            out = f"{fn}({out}, {self._print(a)})"
+        return out
+
+    def _print_Pow(self, expr):
+        base, exp = expr.args
+        if exp.is_Integer and int(exp) > 0:
+            return "(" + " * ".join([self._paren(base)] * int(exp)) + ")"
+        raise ValueError(f"cannot print {expr} as index arithmetic")
+
+    def _print_Rational(self, expr):
+        raise ValueError(f"index {expr} is not an integer")
+
+    def _paren(self, e):
+        s = self._print(e)
+        return s if (e.is_Atom or isinstance(e, (FloorDiv, ModularIndexing))) else f"({s})"
+
+
+_printer = IndexPrinter()
+
+
+def print_index(expr) -> str:
+    return _printer.doprint(sympy.sympify(expr))
+
+
+class ArgRegistry:
+    """Kernel arguments: pointers for buffers (in_ptr / out_ptr / in_out_ptr) then size symbols."""
+
+    def __init__(self):
+        self.inputs: dict[str, str] = {}
+        self.outputs: dict[str, str] = {}
+        self.sizes: dict[sympy.Symbol, str] = {}
+
+    def input(self, name: str) -> str:
+        if name in self.outputs:
+            return self.outputs[name]
+        if name not in self.inputs:
+            self.inputs[name] = f"in_ptr{len(self.inputs)}"
+        return self.inputs[name]
+
+    def output(self, name: str) -> str:
+        if name in self.inputs:
+            # read and written: one in_out pointer
+            ptr = self.inputs.pop(name)
+            self.outputs[name] = ptr.replace("in_ptr", "in_out_ptr")
+        if name not in self.outputs:
+            self.outputs[name] = f"out_ptr{len(self.outputs)}"
+        return self.outputs[name]
+
+    def size(self, sym: sympy.Symbol) -> str:
+        self.sizes.setdefault(sym, str(sym))
+        return self.sizes[sym]
+
+    def call_order(self) -> list[tuple[str, str]]:
+        """(kernel parameter, buffer name) for pointer args, in parameter order."""
+        ptrs = list(self.inputs.items()) + list(self.outputs.items())
+        return [(p, n) for n, p in ptrs]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def literal(value) -> Optional[str]:
+    if isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, float):
+        if value != value:
+            return 'float("nan")'
+        if value in (float("inf"), float("-inf")):
+            return 'float("inf")' if value > 0 else 'float("-inf")'
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    return None

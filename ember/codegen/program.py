@@ -1,0 +1,126 @@
+"""Scheduled groups -> a WrapperProgram: kernels generated per group, allocations before first write,
+frees after last use, extern calls, views and the returned values."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from .. import config, metrics
+from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
+                        MutationBuffer, ReinterpretView)
+from ..ir.symbolic import sympify
+from ..schedule.memory import kernel_local_buffers, last_uses
+from .backends import backend_for
+from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, SymbolDef, View,
+                            WrapperProgram)
+
+
+class ProgramBuilder:
+    def __init__(self, lowering, groups):
+        self.g = lowering
+        self.groups = groups
+        self.lines: list = []
+        self.allocated: set[str] = set()
+        self.kernel_count = 0
+        self.kernels = []            # GeneratedKernel, for debug output
+        self.views = 0
+
+    def build(self) -> WrapperProgram:
+        g = self.g
+        self._bind_symbols()
+        outputs = self._output_names()
+        local = kernel_local_buffers(self.groups, outputs)
+        last = last_uses(self.groups)
+        freeable = {b.get_name() for b in g.buffers if not isinstance(b, MutationBuffer)}
+        freeable |= {n for n, b in g.graph_inputs.items() if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
+        for i, group in enumerate(self.groups):
+            if group.is_kernel():
+                self._kernel(group, local[group.id])
+            else:
+                for n in group.nodes:
+                    self._extern(n.buf)
+            dead = sorted(s for s, j in last.items() if j == i and s in freeable and s not in outputs
+                          and (s in self.allocated or s in g.graph_inputs))
+            if dead:
+                self.lines.append(Free(dead))
+        self.lines.append(Return([self._output_value(o) for o in g.outputs]))
+        return WrapperProgram(list(g.graph_input_names), self.lines, dict(g.constants))
+
+    # -- pieces ----------------------------------------------------------------------------------------
+
+    def _bind_symbols(self):
+        bound = set()
+        for name in self.g.graph_input_names:
+            v = self.g.graph_inputs[name]
+            if isinstance(v, sympy.Symbol) and v not in bound:
+                self.lines.append(SymbolDef(str(v), name, "value"))
+                bound.add(v)
+            elif isinstance(v, InputBuffer):
+                for what, vals in (("size", v.layout.size), ("stride", v.layout.stride)):
+                    for d, s in enumerate(vals):
+                        if isinstance(s, sympy.Symbol) and s not in bound:
+                            self.lines.append(SymbolDef(str(s), name, what, d))
+                            bound.add(s)
+
+    def _output_names(self) -> set:
+        out = set()
+        for o in self.g.outputs:
+            if isinstance(o, ReinterpretView):
+                out.add(o.data.storage_name())
+            elif isinstance(o, Buffer):
+                out.add(o.storage_name())
+        return out
+
+    def _allocate(self, buf: Buffer):
+        name = buf.get_name()
+        if name in self.allocated or isinstance(buf, (MutationBuffer, InputBuffer)):
+            return
+        self.allocated.add(name)
+        metrics.buffers_allocated += 1
+        l = buf.layout
+        self.lines.append(Allocate(name, list(l.size), list(l.stride), l.dtype, l.device))
+
+    def _kernel(self, group, local):
+        backend = backend_for(group.device())
+        name = f"kernel{self.kernel_count}"
+        self.kernel_count += 1
+        gen = backend.generate(name, group, self.g, local)
+        self.kernels.append((group, gen))
+        for n in group.nodes:
+            if n.name in gen.stored or n.buf.storage_name() in gen.stored:
+                self._allocate(n.buf)
+        self.lines.append(gen.define)
+        self.lines.append(gen.call)
+
+    def _arg(self, a):
+        if isinstance(a, ReinterpretView):
+            self.views += 1
+            name = f"view{self.views}"
+            l = a.layout
+            self.lines.append(View(name, a.data.get_name(), list(l.size), list(l.stride), l.offset))
+            return Name(name)
+        if isinstance(a, Buffer):
+            return Name(a.get_name())
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._arg(b) for b in a)
+        if isinstance(a, torch.SymInt):
+            return sympify(a)
+        return a
+
+    def _extern(self, buf):
+        if isinstance(buf, MultiOutput):
+            self.allocated.add(buf.get_name())
+            self.lines.append(MultiOutputLine(buf.get_name(), buf.parent.get_name(), buf.path))
+            return
+        assert isinstance(buf, ExternKernel)
+        args = [self._arg(a) for a in buf.args]
+        kwargs = {k: self._arg(v) for k, v in buf.kwargs.items()}
+        self.allocated.add(buf.get_name())
+        self.lines.append(CallExtern(buf.get_name(), buf.op, args, kwargs))
+        if config.check_extern_layouts and buf.layout is not None:
+            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride)))
+
+    def _output_value(self, o):
+        if isinstance(o, (ReinterpretView, Buffer)):
+            return self._arg(o)
+        return o

@@ -1,0 +1,87 @@
+"""@triton.jit helpers that generated kernels call as `helpers.<name>` (combine functions for
+tl.reduce, and integer arithmetic with Python's rounding)."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def max_nan(a, b):
+    # NaN wins, as in torch.amax
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def min_nan(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def max_int(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def min_int(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def prod(a, b):
+    return a * b
+
+
+@triton.jit
+def logical_or(a, b):
+    return a | b
+
+
+@triton.jit
+def logical_and(a, b):
+    return a & b
+
+
+@triton.jit
+def argmax_combine(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    tie = (a == b) | (a_nan & b_nan)
+    pick_a = (a > b) | (a_nan & ~b_nan) | (tie & (ai < bi))
+    return tl.where(pick_a, a, b), tl.where(pick_a, ai, bi)
+
+
+@triton.jit
+def argmin_combine(a, ai, b, bi):
+    a_nan = a != a
+    b_nan = b != b
+    tie = (a == b) | (a_nan & b_nan)
+    pick_a = (a < b) | (a_nan & ~b_nan) | (tie & (ai < bi))
+    return tl.where(pick_a, a, b), tl.where(pick_a, ai, bi)
+
+
+@triton.jit
+def welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
+    delta = mean_b - mean_a
+    w = w_a + w_b
+    frac = tl.where(w == 0.0, 0.0, w_b / tl.where(w == 0.0, 1.0, w))
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * w_a * frac, w
+
+
+@triton.jit
+def floordiv_int(a, b):
+    q = a // b
+    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    return tl.where(fix, q - 1, q)
+
+
+@triton.jit
+def remainder_int(a, b):
+    r = a % b
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, r + b, r)
+
+
+@triton.jit
+def remainder_float(a, b, r):
+    # r is fmod(a, b), computed by the caller (libdevice is backend-specific)
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, r + b, r)

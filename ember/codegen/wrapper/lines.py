@@ -1,0 +1,108 @@
+"""Wrapper IR: what the host-side program does, as a list of structured lines (never raw strings).
+Both renderers (Python source, FX GraphModule) consume these."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+
+class Name(str):
+    """A reference to a value bound in the wrapper (an input, a buffer, a symbol)."""
+
+
+@dataclasses.dataclass
+class SymbolDef:
+    """Bind a size symbol from a graph input: `s0 = arg0.size(1)` (what='size'), or the input itself."""
+    name: str
+    source: str
+    what: str            # "size" | "stride" | "offset" | "value"
+    dim: Optional[int] = None
+
+
+@dataclasses.dataclass
+class Allocate:
+    name: str
+    size: list
+    stride: list
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclasses.dataclass
+class Free:
+    names: list
+
+
+@dataclasses.dataclass
+class Reuse:
+    """Give a dead buffer's memory to a new one of the same size and layout."""
+    name: str
+    old: str
+
+
+@dataclasses.dataclass
+class DefineKernel:
+    name: str
+    source: str
+    backend: str         # "triton" | "triton-interpret" | "cpp"
+
+
+@dataclasses.dataclass
+class CallKernel:
+    name: str
+    args: list           # Names and sympy expressions
+    grid: list           # sympy expressions
+    meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps
+
+
+@dataclasses.dataclass
+class CallExtern:
+    name: Optional[str]  # the result's name (None when the op returns nothing used)
+    op: Any              # a torch OpOverload
+    args: list
+    kwargs: dict
+
+
+@dataclasses.dataclass
+class MultiOutputLine:
+    name: str
+    parent: str
+    path: tuple
+
+
+@dataclasses.dataclass
+class View:
+    name: str
+    base: str
+    size: list
+    stride: list
+    offset: Any
+
+
+@dataclasses.dataclass
+class Assert:
+    """Check a tensor's size and stride at run time (extern outputs, when config asks)."""
+    name: str
+    size: list
+    stride: list
+
+
+@dataclasses.dataclass
+class Return:
+    values: list
+
+
+LINE_TYPES = (SymbolDef, Allocate, Free, Reuse, DefineKernel, CallKernel, CallExtern, MultiOutputLine, View,
+              Assert, Return)
+
+
+@dataclasses.dataclass
+class WrapperProgram:
+    inputs: list                      # input names in call order
+    lines: list
+    constants: dict                   # name -> tensor (get_attr constants)
+
+    def kernels(self) -> list:
+        return [ln for ln in self.lines if isinstance(ln, DefineKernel)]

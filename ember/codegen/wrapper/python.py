@@ -1,0 +1,121 @@
+"""Wrapper IR -> Python source of `def call(args)`, loaded with its kernels and constants as globals."""
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from ... import metrics
+from ...runtime.loader import load_module, load_triton_kernels
+from ..kernel import print_index
+from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
+                    Reuse, SymbolDef, View, WrapperProgram)
+
+
+class PythonWrapper:
+    def __init__(self, program: WrapperProgram):
+        self.program = program
+        self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+                                        "as_strided": torch.as_strided}
+        self._ids: dict[int, str] = {}
+
+    def const(self, obj, hint: str) -> str:
+        """A global name for an object the source cannot spell."""
+        key = id(obj)
+        if key not in self._ids:
+            name = "".join(c if c.isalnum() else "_" for c in hint)
+            while name in self.globals:
+                name += "_"
+            self._ids[key] = name
+            self.globals[name] = obj
+        return self._ids[key]
+
+    def value(self, v) -> str:
+        if isinstance(v, Name):
+            return str(v)
+        if isinstance(v, sympy.Basic):
+            return print_index(v)
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(self.value(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+        if isinstance(v, torch.dtype):
+            return str(v)
+        if isinstance(v, torch.device):
+            return f"torch.device({str(v)!r})"
+        if isinstance(v, (bool, int, str)) or v is None:
+            return repr(v)
+        if isinstance(v, float):
+            return repr(v) if v == v and abs(v) != float("inf") else f"float({str(v)!r})"
+        if isinstance(v, torch.layout):
+            return str(v)
+        if isinstance(v, torch.memory_format):
+            return str(v)
+        return self.const(v, f"c_{type(v).__name__}")
+
+    def render(self) -> str:
+        p = self.program
+        out = ["def call(args):"]
+        body = []
+        if p.inputs:
+            body.append(f"{', '.join(p.inputs)}{',' if len(p.inputs) == 1 else ''} = args")
+        body.append("args.clear()")
+        for line in p.lines:
+            body.extend(self.line(line))
+        out += ["    " + ln for ln in body]
+        return "\n".join(out) + "\n"
+
+    def line(self, ln) -> list[str]:
+        v = self.value
+        if isinstance(ln, SymbolDef):
+            if ln.what == "value":
+                return [f"{ln.name} = {ln.source}"]
+            call = {"size": f"size({ln.dim})", "stride": f"stride({ln.dim})", "offset": "storage_offset()"}[ln.what]
+            return [f"{ln.name} = {ln.source}.{call}"]
+        if isinstance(ln, Allocate):
+            return [f"{ln.name} = empty_strided({v(tuple(ln.size))}, {v(tuple(ln.stride))}, "
+                    f"dtype={v(ln.dtype)}, device={v(ln.device)})"]
+        if isinstance(ln, Free):
+            return [f"del {', '.join(ln.names)}"]
+        if isinstance(ln, Reuse):
+            return [f"{ln.name} = {ln.old}; del {ln.old}"]
+        if isinstance(ln, DefineKernel):
+            return []
+        if isinstance(ln, CallKernel):
+            meta = ", ".join(f"{k}={v(x)}" for k, x in ln.meta.items())
+            args = ", ".join(v(a) for a in ln.args)
+            return [f"{ln.name}[{v(tuple(ln.grid))}]({args}, {meta})"]
+        if isinstance(ln, CallExtern):
+            op = self.const(ln.op, f"aten_{ln.op.__name__}" if hasattr(ln.op, "__name__") else "op")
+            args = [v(a) for a in ln.args] + [f"{k}={v(x)}" for k, x in ln.kwargs.items()]
+            call = f"{op}({', '.join(args)})"
+            return [f"{ln.name} = {call}" if ln.name else call]
+        if isinstance(ln, MultiOutputLine):
+            return [f"{ln.name} = {ln.parent}" + "".join(f"[{i}]" for i in ln.path)]
+        if isinstance(ln, View):
+            return [f"{ln.name} = as_strided({ln.base}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.offset)})"]
+        if isinstance(ln, Assert):
+            return [f"assert {ln.name}.size() == {v(tuple(ln.size))} and {ln.name}.stride() == {v(tuple(ln.stride))}, "
+                    f"'ember: {ln.name} has an unexpected layout'"]
+        if isinstance(ln, Return):
+            vals = ", ".join(v(x) for x in ln.values)
+            return [f"return ({vals}{',' if len(ln.values) == 1 else ''})"]
+        raise TypeError(f"no Python rendering for {type(ln).__name__}")
+
+
+def compile_python(program: WrapperProgram):
+    """-> (callable taking a list of args, its source)."""
+    w = PythonWrapper(program)
+    source = w.render()
+    by_backend: dict[str, list] = {}
+    for k in program.kernels():
+        by_backend.setdefault(k.backend, []).append(k)
+    for backend, kernels in by_backend.items():
+        if backend.startswith("triton"):
+            w.globals.update(load_triton_kernels(kernels, backend))
+        else:
+            from ..cpp import load_cpp_kernels  # noqa: the C++ backend, once present
+            w.globals.update(load_cpp_kernels(kernels))
+    w.globals.update(program.constants)
+    mod = load_module(source, "ember_wrapper", w.globals)
+    return mod.call, source

@@ -1,0 +1,160 @@
+"""compile_graph(gm, example_inputs): an ATen FX graph -> a callable. The middle of the pipeline, in order:
+
+    decompose            graph/decompose.py      ATen ops ember does not lower -> simpler ATen ops
+    post-grad passes     graph/passes/post_grad.py
+    lower                lowering/graph.py       FX nodes -> loop IR (Pointwise, Reduction, buffers)
+    schedule + fuse      schedule/               buffers -> fused groups in execution order
+    generate code        codegen/program.py      groups -> kernels + Wrapper IR
+    render + load        codegen/wrapper/        Wrapper IR -> Python `call(args)` with kernels loaded
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Callable
+
+import torch
+import torch.fx
+
+from . import config, metrics
+from .debug.dump import DebugDump
+from .debug.irprint import describe_buffers, describe_groups
+
+
+class EmberCompileError(RuntimeError):
+    pass
+
+
+class CompiledGraph:
+    """Boxed callable: call with a list of inputs (the list is emptied), returns a tuple of outputs."""
+    def __init__(self, fn: Callable, source: str, kernel_count: int, gm: torch.fx.GraphModule, kernels: list):
+        # an instance attribute: wrappers that copy __dict__ (functools.wraps) must see it too
+        self._boxed_call = True
+        self.fn, self.source, self.kernel_count, self.gm, self.kernels = fn, source, kernel_count, gm, kernels
+        self._checked = False
+
+    def __call__(self, args):
+        if self._checked:
+            return self.fn(args)
+        saved = list(args)
+        try:
+            out = self.fn(args)
+            self._checked = True
+            return out
+        except Exception as e:
+            if not config.fallback_on_error:
+                raise
+            _warn(f"ember: the compiled graph failed on its first run ({type(e).__name__}: {e}); "
+                  f"running it eagerly from now on")
+            metrics.eager_fallbacks += 1
+            self.fn = _eager(self.gm)
+            self._checked = True
+            return self.fn(saved)
+
+
+def _eager(gm: torch.fx.GraphModule):
+    def run(args):
+        a = list(args)
+        args.clear()
+        return gm(*a)
+    run._boxed_call = True
+    return run
+
+
+def _where(e: BaseException) -> str:
+    """' (at ember/x.py:12 in f)' for the innermost ember frame of the error, for bug reports."""
+    import os
+    import traceback
+    c = e
+    while getattr(c, "cause", None) is not None or c.__cause__ is not None:
+        c = getattr(c, "cause", None) or c.__cause__
+    frames = [f for f in traceback.extract_tb(c.__traceback__) if f"{os.sep}ember{os.sep}" in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    if config.debug:
+        return "\n" + "".join(traceback.format_exception(c))
+    return f" (at {f.filename.split(os.sep + 'ember' + os.sep, 1)[-1]}:{f.lineno} in {f.name})"
+
+
+def _warn(msg: str):
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool = False,
+                  is_inference: bool = False):
+    """Compile an ATen-level FX graph (forward, backward or inference). Returns a boxed callable
+    (`fn(list_of_inputs) -> tuple`). If compilation fails, warns once and returns the graph itself,
+    run eagerly (ember.config.fallback_on_error=False raises instead)."""
+    kind = "backward" if is_backward else ("inference" if is_inference else "forward")
+    try:
+        return _compile(gm, list(example_inputs), kind)
+    except Exception as e:
+        msg = f"ember failed to compile a {kind} graph and will run it eagerly: {type(e).__name__}: {e}{_where(e)}"
+        if not config.fallback_on_error:
+            raise EmberCompileError(msg) from e
+        _warn(msg + "\n  (set ember.config.fallback_on_error = False to raise instead)")
+        metrics.eager_fallbacks += 1
+        return _eager(gm)
+
+
+def _compile(gm, example_inputs, kind) -> CompiledGraph:
+    from .codegen.program import ProgramBuilder
+    from .codegen.wrapper.python import compile_python
+    from .graph import decompose as decomp
+    from .graph.passes import post_grad
+    from .lowering.graph import GraphLowering
+    from .schedule.fusion import Fusion, build_nodes
+
+    config.validate()
+    t0 = time.perf_counter()
+    dump = DebugDump(kind)
+    dump.write("fx_graph.txt", lambda: gm.print_readable(print_output=False))
+    gm = decomp.decompose(gm, example_inputs)
+    gm = post_grad.run(gm)
+    dump.write("post_grad_graph.txt", lambda: gm.print_readable(print_output=False))
+
+    lowering = GraphLowering(gm)
+    lowering.run(*_placeholder_values(gm, example_inputs))
+    dump.write("ir_pre_fusion.txt", lambda: describe_buffers(lowering.buffers))
+
+    nodes = build_nodes(lowering.buffers)
+    groups = Fusion(nodes, _nbytes(lowering)).run()
+    dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
+
+    builder = ProgramBuilder(lowering, groups)
+    program = builder.build()
+    fn, source = compile_python(program)
+    dump.write("wrapper.py", source)
+    dump.write("kernels.py", "\n\n".join(k.source for k in program.kernels()))
+    metrics.graphs_compiled += 1
+    metrics.generated_kernel_count += builder.kernel_count
+    dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"
+                              f"kernels: {builder.kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
+    return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels)
+
+
+def _placeholder_values(gm, example_inputs):
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [n.meta.get("val") for n in phs]
+    if any(v is None for v in vals):
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch._guards import detect_fake_mode
+        mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(
+            *[mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
+              else x for x in example_inputs])
+        vals = [n.meta.get("val") for n in phs]
+    return vals
+
+
+def _nbytes(lowering):
+    def nbytes(name: str) -> int:
+        from .ir.symbolic import hint
+        try:
+            buf = lowering.get_buffer(name)
+            return int(hint(buf.layout.storage_size())) * buf.layout.dtype.itemsize
+        except Exception:
+            return 0
+    return nbytes

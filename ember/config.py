@@ -1,0 +1,84 @@
+"""ember's settings: one typed object, overridable from EMBER_* environment variables and with
+`ember.config.patch(name=value, ...)` (a context manager and decorator).
+
+    import ember
+    ember.config.fallback_on_error = False          # raise instead of running eagerly
+    with ember.config.patch(debug=True): ...
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from typing import Any, Callable
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default
+    return v.lower() not in ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass
+class Config:
+    # A graph that fails to compile runs eagerly with one warning; False raises that error instead.
+    fallback_on_error: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FALLBACK_ON_ERROR", True))
+    # Write a folder per compiled graph (FX graphs, IR, kernels, wrapper) under debug_dir.
+    debug: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DEBUG", False))
+    debug_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_DEBUG_DIR", "ember_debug"))
+    # Kernel backend for CPU tensors. "triton" runs Triton kernels in the interpreter (slow, for tests).
+    cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "triton"))
+    # Wrapper renderer: "python" source.
+    wrapper: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_WRAPPER", "python"))
+    # Check the size and stride of every extern (ATen fallback) output at run time.
+    check_extern_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_EXTERN_LAYOUTS", False))
+    # Fusion switches.
+    fuse: bool = True
+    horizontal_fusion: bool = True
+    # A pointwise value read by several consumers is recomputed by each (inlined) unless its body has
+    # more than this many ops; then it is stored once and loaded.
+    inline_max_ops: int = 24
+    # Any pointwise body larger than this is realized, to bound kernel size.
+    realize_max_ops: int = 160
+    # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
+    persistent_reduction_max: int = 4096
+    # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
+    pre_grad_passes: list = dataclasses.field(default_factory=list)
+    joint_passes: list = dataclasses.field(default_factory=list)
+    post_grad_passes: list = dataclasses.field(default_factory=list)
+
+    def patch(self, **changes: Any) -> "_Patch":
+        for k in changes:
+            if not hasattr(self, k):
+                raise AttributeError(f"ember.config has no setting {k!r}; settings: {', '.join(self.names())}")
+        return _Patch(self, changes)
+
+    def names(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def validate(self) -> None:
+        if self.cpu_backend not in ("triton", "cpp"):
+            raise ValueError(f"ember.config.cpu_backend={self.cpu_backend!r}: use 'cpp' or 'triton'")
+        if self.wrapper not in ("python", "fx"):
+            raise ValueError(f"ember.config.wrapper={self.wrapper!r}: use 'python' or 'fx'")
+
+
+class _Patch(contextlib.ContextDecorator):
+    def __init__(self, cfg: Config, changes: dict):
+        self.cfg, self.changes, self.saved = cfg, changes, []
+
+    def __enter__(self):
+        self.saved.append({k: getattr(self.cfg, k) for k in self.changes})
+        for k, v in self.changes.items():
+            setattr(self.cfg, k, v)
+        return self.cfg
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.pop().items():
+            setattr(self.cfg, k, v)
+        return False
+
+
+config = Config()

@@ -1,0 +1,78 @@
+"""Decompositions: which ATen ops ember rewrites into simpler ATen ops before lowering.
+
+The table starts from PyTorch's core-ATen decompositions, adds the composite ops ember wants broken up
+(softmax, layer norm ... become reductions and pointwise ops the scheduler fuses), and removes the ops
+ember lowers better itself (var/std by Welford, gelu, silu ...).
+
+`decompose(gm)` is a graph pass: it re-traces the graph with the table, under the fake mode the graph's
+metadata came from, and returns the new graph (unchanged when no node needs decomposing).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+_EXTRA = [
+    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_layer_norm_backward,
+    aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_batch_norm,
+    aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training, aten.native_group_norm, aten.linear,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten.gelu_backward, aten.silu_backward,
+    aten.sigmoid_backward, aten.tanh_backward, aten.embedding_dense_backward, aten.mse_loss,
+    aten.mse_loss_backward, aten.logsumexp, aten.rms_norm, aten._fused_rms_norm,
+    aten.native_dropout_backward, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.elu,
+    aten.leaky_relu_backward, aten.hardtanh_backward, aten.mish, aten.log_sigmoid_forward,
+]
+
+# Lowered directly (a better kernel than the decomposition's): keep them out of the table.
+_KEEP = [
+    aten.var, aten.var_mean, aten.std, aten.std_mean, aten.gelu, aten.silu, aten.clamp_min, aten.clamp_max,
+    aten.clamp, aten.where, aten.hardtanh, aten.full_like, aten.zeros_like, aten.ones_like, aten.arange,
+    aten.lerp, aten.addcmul, aten.addcdiv, aten.leaky_relu, aten.nan_to_num, aten.round, aten.rsub,
+]
+
+
+@functools.lru_cache(None)
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([op for op in _EXTRA if op is not None]))
+    keep = set()
+    for op in _KEEP:
+        for name in op.overloads():
+            keep.add(getattr(op, name))
+    for op in list(table):
+        if op in keep:
+            # keep the decomposition only for overloads ember has no lowering for
+            from ..lowering.registry import get_lowering, load_all
+            load_all()
+            if get_lowering(op) is not None:
+                del table[op]
+    return table
+
+
+def needs_decomposition(gm: torch.fx.GraphModule) -> bool:
+    table = decomposition_table()
+    return any(n.op == "call_function" and n.target in table for n in gm.graph.nodes)
+
+
+def decompose(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
+    if not needs_decomposition(gm):
+        return gm
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(vals) or detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        vals = [fake_mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in example_inputs]
+    with fake_mode:
+        new = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=decomposition_table(),
+                      tracing_mode="real", _allow_non_fake_inputs=True)(*vals)
+    return new

@@ -1,0 +1,13 @@
+"""Passes on AOTAutograd's joint forward+backward graph, before it is partitioned."""
+from __future__ import annotations
+
+import torch.fx
+
+from ... import config
+from .common import dead_code_elimination, run_passes
+
+PASSES: list = [dead_code_elimination]
+
+
+def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    return run_passes(gm, PASSES, config.joint_passes)

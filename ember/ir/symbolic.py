@@ -1,0 +1,223 @@
+"""Sizes and indices as sympy expressions.
+
+Sizes are integers for static graphs and symbols (s0, s1 ...) for dynamic ones. Index arithmetic uses
+two integer functions of our own, FloorDiv(a, b) and ModularIndexing(a, d, m) = (a // d) % m, so that
+the printer and the simplifier know exactly what they mean (sympy's floor/Mod are slower and looser).
+
+`simplify_index` merges the terms that loop flattening produces:
+    c*m*ModularIndexing(v, d*m, k) + c*ModularIndexing(v, d, m)  ->  c*ModularIndexing(v, d, m*k)
+with FloorDiv(v, d) standing for ModularIndexing(v, d, oo); so `N*(x // N) + x % N` becomes `x`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Sequence
+
+import sympy
+import torch
+
+Expr = sympy.Expr
+
+
+class FloorDiv(sympy.Function):
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        # (a*d + b) // d == a + b // d when every term but b is a multiple of d
+        if base.is_Add:
+            whole, rest = [], []
+            for t in base.args:
+                (whole if _is_multiple(t, divisor) else rest).append(t)
+            if whole and rest:
+                return sympy.Add(*[sympy.simplify(t / divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
+            if whole and not rest:
+                return sympy.Add(*[sympy.simplify(t / divisor) for t in whole])
+        if _is_multiple(base, divisor):
+            return sympy.simplify(base / divisor)
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(base // divisor) % modulus, for non-negative base."""
+    is_integer = True
+    nargs = (3,)
+
+    @classmethod
+    def eval(cls, base, divisor, modulus):
+        if modulus == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if base.is_Add:
+            # terms that are multiples of divisor*modulus do not change the result
+            keep = [t for t in base.args if not _is_multiple(t, divisor * modulus)]
+            if len(keep) != len(base.args):
+                return ModularIndexing(sympy.Add(*keep), divisor, modulus)
+        return None
+
+
+def _is_multiple(term: Expr, divisor: Expr) -> bool:
+    if divisor == 1:
+        return True
+    q = sympy.simplify(term / divisor)
+    if q.is_integer:
+        return True
+    if q.is_Mul:
+        return all(a.is_integer for a in q.args)
+    return False
+
+
+def sympify(x) -> Expr:
+    """int / SymInt / sympy expr -> sympy expr."""
+    if isinstance(x, sympy.Basic):
+        return x
+    if isinstance(x, bool):
+        return sympy.Integer(int(x))
+    if isinstance(x, int):
+        return sympy.Integer(x)
+    if isinstance(x, torch.SymInt):
+        return x.node.expr
+    raise TypeError(f"cannot use {type(x).__name__} {x!r} as a size")
+
+
+def sympy_list(xs: Iterable) -> list[Expr]:
+    return [sympify(x) for x in xs]
+
+
+def product(xs: Iterable) -> Expr:
+    out = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
+def contiguous_strides(size: Sequence[Expr]) -> list[Expr]:
+    strides, acc = [], sympy.Integer(1)
+    for s in reversed(size):
+        strides.append(acc)
+        acc = acc * s
+    return list(reversed(strides))
+
+
+def index_var(prefix: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+def make_index_vars(prefix: str, n: int) -> list[sympy.Symbol]:
+    return [index_var(prefix, i) for i in range(n)]
+
+
+def statically_known_equal(a, b) -> bool:
+    return sympy.simplify(sympify(a) - sympify(b)) == 0
+
+
+def is_static(x) -> bool:
+    return isinstance(sympify(x), sympy.Integer)
+
+
+def hint(x) -> int:
+    """A concrete value for a size: the integer itself, or the symbol's example value from the ShapeEnv."""
+    x = sympify(x)
+    if isinstance(x, sympy.Integer):
+        return int(x)
+    g = _hint_source()
+    if g is not None:
+        return int(x.subs(g))
+    raise ValueError(f"no size hint for {x}")
+
+
+def _hint_source():
+    from .. import state
+    g = state.graph.get()
+    return None if g is None else g.symbol_hints
+
+
+# --- simplification -------------------------------------------------------------------------------
+
+def _as_mod_terms(expr: Expr):
+    """expr -> list of (coef, base, divisor, modulus-or-None) and a remainder (non-modular part)."""
+    terms, rest = [], sympy.Integer(0)
+    for t in sympy.Add.make_args(sympy.expand(expr)):
+        coef, atoms = sympy.Integer(1), []
+        for f in sympy.Mul.make_args(t):
+            if isinstance(f, (FloorDiv, ModularIndexing)) or (isinstance(f, sympy.Symbol) and not _is_size_symbol(f)):
+                atoms.append(f)
+            else:
+                coef = coef * f
+        if len(atoms) != 1:
+            rest = rest + t
+            continue
+        a = atoms[0]
+        if isinstance(a, FloorDiv):
+            terms.append([coef, a.args[0], a.args[1], None])
+        elif isinstance(a, ModularIndexing):
+            terms.append([coef, a.args[0], a.args[1], a.args[2]])
+        else:
+            terms.append([coef, a, sympy.Integer(1), None])
+    return terms, rest
+
+
+def _is_size_symbol(s: sympy.Symbol) -> bool:
+    return s.name.startswith("s") or s.name.startswith("u")
+
+
+def _rebuild(coef, base, div, mod) -> Expr:
+    if mod is None:
+        return coef * FloorDiv(base, div)
+    return coef * ModularIndexing(base, div, mod)
+
+
+@functools.lru_cache(maxsize=65536)
+def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
+    """Merge floor/mod pieces of the same variable into fewer, wider ones. `ranges` is a tuple of
+    (var, extent) pairs: ModularIndexing(v, d, m) with d*m >= extent(v) becomes FloorDiv(v, d)."""
+    expr = sympy.sympify(expr)
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    extents = dict(ranges)
+    terms, rest = _as_mod_terms(expr)
+    changed = True
+    while changed:
+        changed = False
+        for i, a in enumerate(terms):
+            for j, b in enumerate(terms):
+                if i == j or a[1] != b[1] or b[3] is None:
+                    continue
+                # a = ca*(v // (db*mb)) % ma , b = cb*(v // db) % mb ; merge when ca == cb*mb
+                if sympy.simplify(a[2] - b[2] * b[3]) == 0 and sympy.simplify(a[0] - b[0] * b[3]) == 0:
+                    mod = None if a[3] is None else a[3] * b[3]
+                    terms[j] = [b[0], b[1], b[2], mod]
+                    del terms[i]
+                    changed = True
+                    break
+            if changed:
+                break
+    out = rest
+    for coef, base, div, mod in terms:
+        if mod is not None and base in extents and _known_ge(div * mod, extents[base]):
+            mod = None
+        out = out + _rebuild(coef, base, div, mod)
+    return out
+
+
+def _known_ge(a: Expr, b: Expr) -> bool:
+    d = sympy.simplify(a - b)
+    return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
+
+
+def free_index_symbols(expr: Expr) -> set:
+    return {s for s in sympy.sympify(expr).free_symbols if not _is_size_symbol(s)}
+
+
+def size_symbols(expr) -> set:
+    return {s for s in sympy.sympify(expr).free_symbols if _is_size_symbol(s)}

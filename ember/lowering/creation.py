@@ -1,0 +1,86 @@
+"""Tensors made from nothing: full, zeros/ones (decomposed to full), scalar_tensor, arange, iota."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir.nodes import TensorBox
+from ..ir.ops import ops
+from ..ir.symbolic import FloorDiv, sympify
+from .pointwise import scalar_value
+from .registry import Unsupported, lower
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _device(device):
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def constant_box(value, size, dtype, device) -> TensorBox:
+    size = [sympify(s) for s in size]
+    return TensorBox.pointwise(_device(device), dtype, lambda idx: scalar_value(value, dtype), size)
+
+
+@lower(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None:
+        dtype = torch.get_default_dtype() if isinstance(fill_value, float) else \
+            (torch.bool if isinstance(fill_value, bool) else torch.int64)
+    return constant_box(fill_value, size, dtype, device)
+
+
+@lower(aten.scalar_tensor.default)
+def scalar_tensor(value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return constant_box(value, [], dtype or torch.get_default_dtype(), device)
+
+
+@lower(aten.zeros.default)
+def zeros(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return constant_box(0, size, dtype or torch.get_default_dtype(), device)
+
+
+@lower(aten.ones.default)
+def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return constant_box(1, size, dtype or torch.get_default_dtype(), device)
+
+
+@lower(aten.full_like.default)
+def full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return constant_box(fill_value, x.get_size(), dtype or x.dtype, device or x.device)
+
+
+@lower(aten.zeros_like.default)
+def zeros_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return constant_box(0, x.get_size(), dtype or x.dtype, device or x.device)
+
+
+@lower(aten.ones_like.default)
+def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return constant_box(1, x.get_size(), dtype or x.dtype, device or x.device)
+
+
+@lower(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
+    start, end, step = {1: lambda: (0, args[0], 1), 2: lambda: (args[0], args[1], 1),
+                        3: lambda: (args[0], args[1], args[2])}[len(args)]()
+    if any(isinstance(v, float) for v in (start, end, step)):
+        raise Unsupported("float arange")  # its length rounding is subtle; ATen does it right
+    if dtype is None:
+        dtype = torch.int64
+    start, end, step = sympify(start), sympify(end), sympify(step)
+    length = sympy.Max(0, FloorDiv(end - start + step - 1, step)) if step.is_positive else \
+        sympy.Max(0, FloorDiv(start - end - step - 1, -step))
+    length = sympy.simplify(length)
+
+    def inner_fn(idx):
+        return ops.index_expr(start + idx[0] * step, dtype)
+    return TensorBox.pointwise(_device(device), dtype, inner_fn, [length])
+
+
+@lower(prims.iota.default)
+def iota(length, *, start, step, dtype, device, requires_grad=False):
+    return TensorBox.pointwise(_device(device), dtype,
+                               lambda idx: ops.index_expr(sympify(start) + idx[0] * sympify(step), dtype),
+                               [sympify(length)])

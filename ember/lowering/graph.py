@@ -1,0 +1,242 @@
+"""GraphLowering: an FX interpreter that runs each ATen node's lowering and decides what to realize.
+
+Input: an ATen-level torch.fx.GraphModule whose nodes carry `meta["val"]` (fake tensors).
+Output (attributes): `buffers` (every buffer in the order it was created, which is a valid execution
+order), `graph_inputs`, `outputs`, and the symbols the wrapper must bind from input sizes.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from .. import config, metrics, state
+from ..ir.deps import record_loops
+from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
+                        MultiOutput, Pointwise, ReinterpretView, TensorBox)
+from ..ir.symbolic import sympify
+from .registry import Unsupported, get_lowering, load_all
+
+aten = torch.ops.aten
+
+
+class LoweringError(RuntimeError):
+    def __init__(self, node: torch.fx.Node, cause: BaseException):
+        self.node, self.cause = node, cause
+        where = _user_source_line(node)
+        super().__init__(f"ember could not lower {node.format_node()} "
+                         f"({type(cause).__name__}: {cause})" + (f"\n  from user code: {where}" if where else ""))
+
+
+def _user_source_line(node: torch.fx.Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    # stack traces end with: File "...", line N, in fn \n <source line>
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            return lines[i] + (" :: " + lines[i + 1] if i + 1 < len(lines) else "")
+    return ""
+
+
+class GraphLowering(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None):
+        super().__init__(gm, garbage_collect_values=False)
+        load_all()
+        self.gm = gm
+        self.buffers: list[Buffer] = []
+        self.name_to_buffer: dict[str, Buffer] = {}
+        self.graph_inputs: dict[str, Any] = {}      # name -> InputBuffer or sympy expr
+        self.graph_input_names: list[str] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.outputs: list[Any] = []
+        self.symbol_hints: dict[sympy.Symbol, int] = {}
+        self.device_types: set[str] = set()
+        self.current_node: torch.fx.Node | None = None
+        self._ids = 0
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+
+    def register_buffer(self, buf: Buffer) -> Buffer:
+        if buf.name is None:
+            buf.name = f"buf{self._ids}"
+            self._ids += 1
+        self.buffers.append(buf)
+        self.name_to_buffer[buf.name] = buf
+        if self.current_node is not None:
+            buf.origin = self.current_node
+        if buf.layout is not None:
+            self.device_types.add(buf.layout.device.type)
+        return buf
+
+    def get_buffer(self, name: str) -> Buffer:
+        if name in self.name_to_buffer:
+            return self.name_to_buffer[name]
+        return self.graph_inputs[name]
+
+    def get_dtype(self, name: str) -> torch.dtype:
+        return self.get_buffer(name).dtype
+
+    def _note_symbols(self, val):
+        if isinstance(val, torch.Tensor):
+            for s in list(val.shape) + list(val.stride()) + [val.storage_offset()]:
+                self._note_symbols(s)
+        elif isinstance(val, torch.SymInt):
+            expr = val.node.expr
+            hint = val.node.hint if hasattr(val.node, "hint") else None
+            for sym in expr.free_symbols:
+                if sym not in self.symbol_hints:
+                    try:
+                        h = val.node.shape_env.var_to_val.get(sym)
+                    except Exception:
+                        h = None
+                    if h is not None:
+                        self.symbol_hints[sym] = int(h)
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def run(self, *args):
+        with state.bind(state.graph, self):
+            return super().run(*args)
+
+    def run_node(self, n: torch.fx.Node):
+        self.current_node = n
+        try:
+            result = super().run_node(n)
+        except (LoweringError, NotImplementedError) as e:
+            raise e if isinstance(e, LoweringError) else LoweringError(n, e)
+        except Exception as e:
+            raise LoweringError(n, e) from e
+        if n.op == "call_function" and isinstance(result, TensorBox):
+            self._maybe_realize(n, result)
+        return result
+
+    def _maybe_realize(self, n: torch.fx.Node, box: TensorBox):
+        if not isinstance(box.data, Pointwise):
+            return
+        h = record_loops(box.data.inner_fn, box.data.ranges)
+        users = len(n.users)
+        if h.op_count > config.realize_max_ops or (users > 1 and h.op_count > config.inline_max_ops):
+            box.realize()
+
+    def placeholder(self, target, args, kwargs):
+        node = self.current_node
+        val = node.meta.get("val")
+        if val is None:
+            raise Unsupported(f"placeholder {target} has no meta['val']")
+        name = _sanitize(node.name)
+        self.graph_input_names.append(name)
+        self._note_symbols(val)
+        if isinstance(val, torch.Tensor):
+            buf = InputBuffer(name, Layout.from_tensor(val))
+            self.graph_inputs[name] = buf
+            self.device_types.add(val.device.type)
+            return TensorBox(buf)
+        if isinstance(val, (torch.SymInt, int)):
+            expr = sympify(val)
+            self.graph_inputs[name] = expr
+            return expr
+        if isinstance(val, (torch.SymFloat, torch.SymBool, float, bool)):
+            raise Unsupported(f"graph input {name} is a {type(val).__name__}")
+        self.graph_inputs[name] = val
+        return val
+
+    def get_attr(self, target, args, kwargs):
+        value = getattr(self.gm, target) if not "." in target else operator.attrgetter(target)(self.gm)
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = _sanitize(target)
+        self.constants[name] = value
+        buf = ConstantBuffer(name, Layout.from_tensor(value), value)
+        self.graph_inputs[name] = buf
+        return TensorBox(buf)
+
+    def call_function(self, target, args, kwargs):
+        if target is operator.getitem:
+            return args[0][args[1]]
+        if target in _SYMBOLIC_OPS:
+            return _SYMBOLIC_OPS[target](*args)
+        if isinstance(target, torch._ops.OpOverload):
+            lowering = get_lowering(target)
+            if lowering is not None and not _has_complex(self.current_node):
+                try:
+                    return lowering(*args, **kwargs)
+                except Unsupported:
+                    pass
+            from .fallback import fallback
+            return fallback(target, args, kwargs, self.current_node)
+        if callable(target) and _is_sym_python_op(target):
+            return target(*args)
+        raise Unsupported(f"call_function target {target} is not an ATen op")
+
+    def output(self, target, args, kwargs):
+        result = args[0]
+        outs = result if isinstance(result, (list, tuple)) else [result]
+        vals = self.current_node.args[0]
+        vals = vals if isinstance(vals, (list, tuple)) else [vals]
+        for out, fx_val in zip(outs, vals):
+            if isinstance(out, TensorBox):
+                meta = fx_val.meta.get("val") if isinstance(fx_val, torch.fx.Node) else None
+                self.outputs.append(self._realize_output(out, meta))
+            else:
+                self.outputs.append(out)
+        return result
+
+    def _realize_output(self, box: TensorBox, meta) -> IRNode:
+        if isinstance(box.data, Loops):
+            # store outputs with eager's strides when those are dense, so users see the same layout
+            layout = Layout.contiguous(box.device, box.dtype, box.get_size())
+            if isinstance(meta, torch.Tensor) and _is_dense(meta) and len(meta.shape) == len(layout.size):
+                layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
+            box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
+        return box.data
+
+
+def _sanitize(name: str) -> str:
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return out if not out[0].isdigit() else "_" + out
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    try:
+        return bool(torch._prims_common.is_non_overlapping_and_dense(t)) and t.storage_offset() == 0
+    except Exception:
+        return False
+
+
+def _has_complex(node: torch.fx.Node) -> bool:
+    def is_complex(v):
+        return isinstance(v, torch.Tensor) and (v.is_complex() or v.dtype in _UNSUPPORTED_DTYPES)
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    flat = []
+    for v in vals:
+        flat.extend(v if isinstance(v, (list, tuple)) else [v])
+    return any(is_complex(v) for v in flat)
+
+
+_UNSUPPORTED_DTYPES = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64",
+                                                    "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)}
+
+
+def _is_sym_python_op(target) -> bool:
+    return getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch.sym_float", "torch") \
+        or target in (torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min)
+
+
+_SYMBOLIC_OPS = {
+    aten.sym_size.int: lambda x, d: x.get_size()[d],
+    aten.sym_stride.int: lambda x, d: _stride_of(x, d),
+    aten.sym_numel.default: lambda x: x.numel(),
+    aten.sym_storage_offset.default: lambda x: _offset_of(x),
+}
+
+
+def _stride_of(box, d):
+    data = box.realize()
+    return data.layout.stride[d]
+
+
+def _offset_of(box):
+    return box.realize().layout.offset

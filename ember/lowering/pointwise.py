@@ -1,0 +1,423 @@
+"""Elementwise ops: broadcasting, PyTorch's type promotion, and one short lowering per ATen op.
+
+Values inside kernels of float16/bfloat16 tensors are computed in float32 (the kernel handler widens on
+load and narrows on store); `to_dtype` to a narrow float rounds right there, as eager would.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
+from torch._prims_common import elementwise_dtypes
+
+from ..ir.nodes import TensorBox
+from ..ir.ops import ops
+from .registry import Unsupported, lower
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+# --- helpers shared by lowerings ----------------------------------------------------------------------
+
+def is_tensor(x) -> bool:
+    return isinstance(x, TensorBox)
+
+
+def broadcast_shapes(*shapes):
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(ndim):
+        size = sympy.Integer(1)
+        for s in shapes:
+            j = i - (ndim - len(s))
+            if j < 0:
+                continue
+            if s[j] != 1:
+                size = s[j]
+        out.append(size)
+    return out
+
+
+def broadcast_loader(x: TensorBox, out_size):
+    """Loader of x indexed by an index over out_size (x broadcast to it)."""
+    size = x.get_size()
+    loader = x.make_loader()
+    offset = len(out_size) - len(size)
+
+    def load(idx):
+        return loader([sympy.Integer(0) if (s == 1 and out_size[i + offset] != 1) else idx[i + offset]
+                       for i, s in enumerate(size)])
+    return load
+
+
+def _promotion_arg(x):
+    if is_tensor(x):
+        return torch.empty([1] * x.dim() if x.dim() else [], dtype=x.dtype, device="meta")
+    if isinstance(x, sympy.Expr):
+        return 1 if x.is_integer else 1.0
+    return x
+
+
+def promote(args, kind=KIND.DEFAULT):
+    """(compute dtype for the inputs, result dtype) for elementwise args under `kind`."""
+    vals = [_promotion_arg(a) for a in args if a is not None]
+    _, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
+    if kind == KIND.ALWAYS_BOOL:
+        return elementwise_dtypes(*vals, type_promotion_kind=KIND.DEFAULT)[1], result
+    return result, result
+
+
+def scalar_value(x, dtype):
+    """ops value of a python scalar or size expression x, as dtype."""
+    if isinstance(x, sympy.Expr):
+        if x.is_Integer:
+            return ops.constant(int(x), dtype)
+        return ops.index_expr(x, dtype)
+    return ops.constant(x, dtype)
+
+
+def cast(value, src, dst):
+    return value if src == dst else ops.to_dtype(value, dst, src)
+
+
+def device_of(args):
+    for a in args:
+        if is_tensor(a):
+            return a.device
+    raise Unsupported("no tensor argument")
+
+
+def pointwise(fn, *args, kind=KIND.DEFAULT, out_dtype=None, compute_dtype=None):
+    """Build the Pointwise computing fn(*values) elementwise over the broadcast of the tensor args."""
+    tensors = [a for a in args if is_tensor(a)]
+    if not tensors:
+        raise Unsupported("pointwise op without tensor args")
+    devices = {t.device for t in tensors if t.dim() > 0} or {tensors[0].device}
+    if len(devices) > 1:
+        raise Unsupported("tensors on several devices")
+    compute, result = promote(args, kind)
+    compute = compute_dtype or compute
+    result = out_dtype or result
+    size = broadcast_shapes(*[t.get_size() for t in tensors])
+    loaders = [(broadcast_loader(a, size), a.dtype) if is_tensor(a) else a for a in args]
+
+    def inner_fn(idx):
+        vals = [cast(l[0](idx), l[1], compute) if isinstance(l, tuple) else
+                (None if l is None else scalar_value(l, compute)) for l in loaders]
+        return cast(fn(*vals), _fn_dtype(kind, compute), result)
+
+    return TensorBox.pointwise(next(iter(devices)), result, inner_fn, size)
+
+
+def _fn_dtype(kind, compute):
+    return torch.bool if kind == KIND.ALWAYS_BOOL else compute
+
+
+def register_pointwise(op, fn, kind=KIND.DEFAULT, **kw):
+    @lower(op)
+    def lowering(*args, **kwargs):
+        if kwargs:
+            raise Unsupported(f"kwargs {list(kwargs)}")
+        return pointwise(fn, *args, kind=kind, **kw)
+    return lowering
+
+
+# --- the op table ---------------------------------------------------------------------------------------
+
+_UNARY_FLOAT = {  # ops that turn integers into floats
+    aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log", aten.log2: "log2",
+    aten.log10: "log10", aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.sin: "sin",
+    aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos", aten.atan: "atan",
+    aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh", aten.acosh: "acosh",
+    aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc", aten.erfinv: "erfinv", aten.sigmoid: "sigmoid",
+    aten.lgamma: "lgamma", aten.reciprocal: "reciprocal",
+}
+for _op, _name in _UNARY_FLOAT.items():
+    register_pointwise(_op, (lambda n: lambda x: getattr(ops, n)(x))(_name), kind=KIND.INT_TO_FLOAT)
+
+_UNARY_SAME = {aten.neg: "neg", aten.abs: "abs", aten.sign: "sign", aten.square: "square", aten.relu: "relu"}
+for _op, _name in _UNARY_SAME.items():
+    register_pointwise(_op, (lambda n: lambda x: getattr(ops, n)(x))(_name))
+
+
+def _int_passthrough(name):
+    def fn(x):
+        return getattr(ops, name)(x)
+    return fn
+
+
+for _op, _name in {aten.floor: "floor", aten.ceil: "ceil", aten.trunc: "trunc"}.items():
+    @lower(_op)
+    def _rounding(x, _name=_name):
+        if not x.dtype.is_floating_point:
+            return pointwise(lambda v: v, x)
+        return pointwise(_int_passthrough(_name), x)
+
+
+@lower(aten.round.default)
+def round_(x):
+    if not x.dtype.is_floating_point:
+        return pointwise(lambda v: v, x)
+    return pointwise(ops.round, x)
+
+
+@lower(aten.round.decimals)
+def round_decimals(x, decimals=0):
+    scale = 10.0 ** decimals
+    return pointwise(lambda v: ops.truediv(ops.round(ops.mul(v, ops.constant(scale, torch.float32))),
+                                           ops.constant(scale, torch.float32)), x)
+
+
+@lower(aten.bitwise_not)
+def bitwise_not(x):
+    if x.dtype == torch.bool:
+        return pointwise(ops.logical_not, x)
+    return pointwise(ops.bitwise_not, x)
+
+
+register_pointwise(aten.logical_not, lambda x: ops.logical_not(x), kind=KIND.ALWAYS_BOOL)
+register_pointwise(aten.isnan, lambda x: ops.isnan(x), kind=KIND.ALWAYS_BOOL)
+register_pointwise(aten.isinf, lambda x: ops.isinf(x), kind=KIND.ALWAYS_BOOL)
+register_pointwise(aten.signbit, lambda x: ops.signbit(x), kind=KIND.ALWAYS_BOOL)
+
+
+@lower(aten.isfinite)
+def isfinite(x):
+    if not x.dtype.is_floating_point:
+        return pointwise(lambda v: ops.eq(v, v), x, kind=KIND.ALWAYS_BOOL)
+    return pointwise(lambda v: ops.logical_not(ops.logical_or(ops.isnan(v), ops.isinf(v))), x, kind=KIND.ALWAYS_BOOL)
+
+
+def _binary(name):
+    return lambda a, b: getattr(ops, name)(a, b)
+
+
+def _alpha(fn):
+    def lowering(a, b, *, alpha=None):
+        if alpha is None or alpha == 1:
+            return pointwise(fn, a, b)
+        return pointwise(lambda x, y, al: fn(x, ops.mul(y, al)), a, b, alpha)
+    return lowering
+
+
+lower(aten.add.Tensor, aten.add.Scalar)(_alpha(_binary("add")))
+lower(aten.sub.Tensor, aten.sub.Scalar)(_alpha(_binary("sub")))
+
+
+@lower(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(a, b, *, alpha=None):
+    return _alpha(_binary("sub"))(b, a, alpha=alpha) if is_tensor(b) else \
+        pointwise(lambda x, y: ops.sub(y, x) if alpha in (None, 1) else ops.sub(y, ops.mul(x, ops.constant(alpha, torch.float32))), a, b)
+
+
+register_pointwise(aten.mul.Tensor, _binary("mul"))
+register_pointwise(aten.mul.Scalar, _binary("mul"))
+for _op, _name in {aten.maximum: "maximum", aten.minimum: "minimum", aten.atan2: "atan2", aten.hypot: "hypot",
+                   aten.copysign: "copysign", aten.fmod: "fmod", aten.remainder: "remainder",
+                   aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
+                   aten.bitwise_left_shift: "bitwise_left_shift",
+                   aten.bitwise_right_shift: "bitwise_right_shift"}.items():
+    kind = KIND.INT_TO_FLOAT if _name in ("atan2", "hypot", "copysign") else KIND.DEFAULT
+    register_pointwise(_op, _binary(_name), kind=kind)
+
+for _op, _name in {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge",
+                   aten.logical_and: "logical_and", aten.logical_or: "logical_or",
+                   aten.logical_xor: "logical_xor"}.items():
+    register_pointwise(_op, _binary(_name), kind=KIND.ALWAYS_BOOL)
+
+
+@lower(aten.div.Tensor, aten.div.Scalar)
+def div(a, b):
+    return pointwise(ops.truediv, a, b, kind=KIND.INT_TO_FLOAT)
+
+
+@lower(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(a, b, *, rounding_mode=None):
+    if rounding_mode is None:
+        return div(a, b)
+    compute, result = promote([a, b])
+    if rounding_mode == "floor":
+        return pointwise(ops.floordiv, a, b)
+    if compute.is_floating_point:
+        return pointwise(lambda x, y: ops.trunc(ops.truediv(x, y)), a, b)
+    raise Unsupported("integer division with rounding_mode='trunc'")
+
+
+@lower(aten.floor_divide)
+def floor_divide(a, b):
+    return pointwise(ops.floordiv, a, b)
+
+
+@lower(aten.true_divide)
+def true_divide(a, b):
+    return div(a, b)
+
+
+@lower(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+def pow_(a, b):
+    if not is_tensor(b) and not isinstance(b, sympy.Expr) and is_tensor(a):
+        if b == 2:
+            return pointwise(lambda x, _: ops.mul(x, x), a, b)
+        if b == 1:
+            return pointwise(lambda x, _: x, a, b)
+        if b == 0.5 and a.dtype.is_floating_point:
+            return pointwise(lambda x, _: ops.sqrt(x), a, b)
+        if b == -1 and a.dtype.is_floating_point:
+            return pointwise(lambda x, _: ops.reciprocal(x), a, b)
+        if b == 3:
+            return pointwise(lambda x, _: ops.mul(ops.mul(x, x), x), a, b)
+    compute, _ = promote([a, b])
+    if not compute.is_floating_point:
+        raise Unsupported("integer pow")
+    return pointwise(ops.pow, a, b)
+
+
+@lower(aten.where.self)
+def where(cond, a, b):
+    compute, result = promote([a, b])
+    size = broadcast_shapes(*[t.get_size() for t in (cond, a, b) if is_tensor(t)])
+    cl = broadcast_loader(cond, size)
+    loaders = [(broadcast_loader(x, size), x.dtype) if is_tensor(x) else x for x in (a, b)]
+
+    def value(l, idx):
+        return cast(l[0](idx), l[1], result) if isinstance(l, tuple) else scalar_value(l, result)
+
+    def inner_fn(idx):
+        c = cast(cl(idx), cond.dtype, torch.bool)
+        return ops.where(c, value(loaders[0], idx), value(loaders[1], idx))
+
+    return TensorBox.pointwise(device_of([cond, a, b]), result, inner_fn, size)
+
+
+def _clamp_fn(lo, hi):
+    def fn(x, *bounds):
+        it = iter(bounds)
+        if lo is not None:
+            x = ops.maximum(x, next(it))
+        if hi is not None:
+            x = ops.minimum(x, next(it))
+        return x
+    return fn
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):
+    bounds = [b for b in (min, max) if b is not None]
+    return pointwise(_clamp_fn(min, max), x, *bounds)
+
+
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):
+    return clamp(x, min=min)
+
+
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):
+    return clamp(x, max=max)
+
+
+@lower(aten.hardtanh.default)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return clamp(x, min_val, max_val)
+
+
+@lower(aten.gelu.default)
+def gelu(x, *, approximate="none"):
+    if approximate == "tanh":
+        def fn(v):
+            c = ops.constant(math.sqrt(2 / math.pi), torch.float32)
+            inner = ops.mul(c, ops.add(v, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(v, ops.mul(v, v)))))
+            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), v), ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+    else:
+        def fn(v):
+            half = ops.constant(0.5, torch.float32)
+            return ops.mul(ops.mul(half, v), ops.add(ops.constant(1.0, torch.float32),
+                                                     ops.erf(ops.mul(v, ops.constant(0.7071067811865476, torch.float32)))))
+    return pointwise(fn, x, kind=KIND.INT_TO_FLOAT)
+
+
+@lower(aten.silu.default)
+def silu(x):
+    return pointwise(lambda v: ops.mul(v, ops.sigmoid(v)), x, kind=KIND.INT_TO_FLOAT)
+
+
+@lower(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return pointwise(lambda v, s: ops.where(ops.gt(v, ops.constant(0, torch.float32)), v, ops.mul(v, s)),
+                     x, negative_slope)
+
+
+@lower(aten.threshold_backward.default)
+def threshold_backward(grad, x, threshold):
+    compute, result = promote([grad, x])
+    return pointwise(lambda g, v, t: ops.where(ops.le(v, t), ops.constant(0, compute), g), grad, x, threshold)
+
+
+@lower(aten.threshold.default)
+def threshold(x, threshold, value):
+    return pointwise(lambda v, t, val: ops.where(ops.le(v, t), val, v), x, threshold, value)
+
+
+@lower(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(a, b, w):
+    return pointwise(lambda x, y, ww: ops.add(x, ops.mul(ww, ops.sub(y, x))), a, b, w)
+
+
+@lower(aten.addcmul.default)
+def addcmul(x, a, b, *, value=1):
+    return pointwise(lambda s, t1, t2, v: ops.add(s, ops.mul(v, ops.mul(t1, t2))), x, a, b, value)
+
+
+@lower(aten.addcdiv.default)
+def addcdiv(x, a, b, *, value=1):
+    return pointwise(lambda s, t1, t2, v: ops.add(s, ops.mul(v, ops.truediv(t1, t2))), x, a, b, value)
+
+
+@lower(aten.nan_to_num.default)
+def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    if not x.dtype.is_floating_point:
+        return pointwise(lambda v: v, x)
+    info = torch.finfo(x.dtype)
+    posinf = info.max if posinf is None else posinf
+    neginf = info.min if neginf is None else neginf
+
+    def fn(v):
+        f32 = torch.float32
+        v = ops.where(ops.isnan(v), ops.constant(nan, f32), v)
+        v = ops.where(ops.logical_and(ops.isinf(v), ops.gt(v, ops.constant(0, f32))), ops.constant(posinf, f32), v)
+        return ops.where(ops.logical_and(ops.isinf(v), ops.lt(v, ops.constant(0, f32))), ops.constant(neginf, f32), v)
+    return pointwise(fn, x)
+
+
+# --- casts and copies ------------------------------------------------------------------------------------
+
+def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
+    loader, src = x.make_loader(), x.dtype
+    return TensorBox.pointwise(x.device, dtype, lambda idx: cast(loader(idx), src, dtype), x.get_size())
+
+
+@lower(prims.convert_element_type.default)
+def convert_element_type(x, dtype):
+    return to_dtype(x, dtype)
+
+
+@lower(aten._to_copy.default)
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if device is not None and torch.device(device) != x.device:
+        raise Unsupported("device copy")
+    if layout not in (None, torch.strided):
+        raise Unsupported("layout change")
+    return to_dtype(x, dtype or x.dtype)
+
+
+@lower(aten.clone.default)
+def clone(x, *, memory_format=None):
+    return to_dtype(x, x.dtype)
+
+
+@lower(aten.lift_fresh_copy.default)
+def lift_fresh_copy(x):
+    return to_dtype(x, x.dtype)

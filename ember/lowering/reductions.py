@@ -1,0 +1,209 @@
+"""Reductions: sum, mean, prod, amax/amin, max/min.dim, any/all, argmax/argmin, var/std (Welford).
+
+A reduction is realized as soon as it is built (its consumers load the stored row results); the
+scheduler then fuses it with its pointwise producers and consumers into one kernel.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir.nodes import Reduction, TensorBox
+from ..ir.ops import ops
+from ..ir.symbolic import product, sympify
+from .pointwise import cast, pointwise, to_dtype
+from .registry import Unsupported, lower
+from .views import unsqueeze
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _dims(x, dims):
+    n = x.dim()
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(n))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({(d + n if d < 0 else d) if n else 0 for d in dims})
+
+
+def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtype=None,
+           keepdim=False, output_index=None) -> TensorBox:
+    """Reduce x over dims. The values are cast to src_dtype before reducing; dtype is the result's."""
+    dims = _dims(x, dims) if x.dim() else []
+    size = x.get_size()
+    kept = [i for i in range(len(size)) if i not in dims]
+    ranges = [size[i] for i in kept]
+    rranges = [size[i] for i in dims]
+    loader, xdtype = x.make_loader(), x.dtype
+    src_dtype = src_dtype or xdtype
+
+    def inner_fn(idx, ridx):
+        full = [None] * len(size)
+        for pos, i in enumerate(kept):
+            full[i] = idx[pos]
+        for pos, i in enumerate(dims):
+            full[i] = ridx[pos]
+        return cast(loader(full), xdtype, src_dtype)
+
+    box = TensorBox(Reduction(x.device, dtype, inner_fn, ranges, rranges, reduction_type, src_dtype, output_index))
+    box.realize()
+    if keepdim:
+        for d in dims:
+            box = unsqueeze(box, d)
+    return box
+
+
+def _acc_dtype(dtype):
+    if dtype.is_floating_point:
+        return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.int64
+
+
+@lower(aten.sum.dim_IntList, aten.sum.default)
+def sum_(x, dims=None, keepdim=False, *, dtype=None):
+    out = dtype or (x.dtype if x.dtype.is_floating_point else torch.int64)
+    acc = _acc_dtype(out)
+    r = reduce(x, dims, "sum", acc, src_dtype=acc, keepdim=keepdim)
+    return r if acc == out else to_dtype(r, out)
+
+
+@lower(prims.sum.default)
+def prims_sum(x, dims, *, output_dtype=None):
+    return sum_(x, dims, dtype=output_dtype)
+
+
+@lower(aten.mean.dim, aten.mean.default)
+def mean(x, dims=None, keepdim=False, *, dtype=None):
+    out = dtype or x.dtype
+    if not out.is_floating_point:
+        raise Unsupported("mean of integers")
+    n = product(x.get_size()[d] for d in _dims(x, dims)) if x.dim() else sympy.Integer(1)
+    acc = _acc_dtype(out)
+    s = reduce(x, dims, "sum", acc, src_dtype=acc, keepdim=keepdim)
+    return pointwise(lambda v, c: ops.truediv(v, c), s, n, out_dtype=out, compute_dtype=acc)
+
+
+@lower(aten.prod.default, aten.prod.dim_int)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    out = dtype or (x.dtype if x.dtype.is_floating_point else torch.int64)
+    acc = _acc_dtype(out)
+    r = reduce(x, dim, "prod", acc, src_dtype=acc, keepdim=keepdim)
+    return r if acc == out else to_dtype(r, out)
+
+
+def _minmax(kind):
+    def lowering(x, dims=(), keepdim=False):
+        if x.dtype == torch.bool:
+            return reduce(x, dims, "any" if kind == "max" else "all", torch.bool, keepdim=keepdim)
+        acc = _acc_dtype(x.dtype) if x.dtype.is_floating_point else x.dtype
+        r = reduce(x, dims, kind, acc, src_dtype=acc, keepdim=keepdim)
+        return r if acc == x.dtype else to_dtype(r, x.dtype)
+    return lowering
+
+
+lower(aten.amax.default)(_minmax("max"))
+lower(aten.amin.default)(_minmax("min"))
+
+
+def _max_dim(kind):
+    def lowering(x, dim, keepdim=False):
+        values = _minmax(kind)(x, [dim], keepdim)
+        indices = arg(kind)(x, dim, keepdim)
+        return values, indices
+    return lowering
+
+
+lower(aten.max.dim)(_max_dim("max"))
+lower(aten.min.dim)(_max_dim("min"))
+
+
+@lower(aten.max.default)
+def max_all(x):
+    return _minmax("max")(x)
+
+
+@lower(aten.min.default)
+def min_all(x):
+    return _minmax("min")(x)
+
+
+def arg(kind):
+    def lowering(x, dim=None, keepdim=False):
+        acc = _acc_dtype(x.dtype) if x.dtype.is_floating_point else x.dtype
+        if x.dtype == torch.bool:
+            acc = torch.int32
+        if dim is None:
+            r = reduce(x, None, "arg" + kind, torch.int64, src_dtype=acc)
+            if keepdim:
+                for d in range(x.dim()):
+                    r = unsqueeze(r, d)
+            return r
+        return reduce(x, [dim], "arg" + kind, torch.int64, src_dtype=acc, keepdim=keepdim)
+    return lowering
+
+
+lower(aten.argmax.default)(arg("max"))
+lower(aten.argmin.default)(arg("min"))
+
+
+@lower(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    b = x if x.dtype == torch.bool else pointwise(lambda v: ops.ne(v, ops.constant(0, x.dtype)), x, out_dtype=torch.bool)
+    return reduce(b, dim, "any", torch.bool, keepdim=keepdim)
+
+
+@lower(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    b = x if x.dtype == torch.bool else pointwise(lambda v: ops.ne(v, ops.constant(0, x.dtype)), x, out_dtype=torch.bool)
+    return reduce(b, dim, "all", torch.bool, keepdim=keepdim)
+
+
+def welford(x, dims, keepdim):
+    """(mean, m2, count) of x over dims, in float32 for narrow floats."""
+    acc = _acc_dtype(x.dtype)
+    outs = [reduce(x, dims, "welford", acc, src_dtype=acc, keepdim=keepdim, output_index=i) for i in range(3)]
+    return outs
+
+
+def _var_from(m2, n, correction):
+    denom = n - correction
+
+    def fn(v, d):
+        return ops.truediv(v, ops.maximum(d, ops.constant(0.0, torch.float32)))
+    return pointwise(fn, m2, denom if isinstance(denom, sympy.Expr) else sympify(denom))
+
+
+def _count(x, dims):
+    return product(x.get_size()[d] for d in _dims(x, dims)) if x.dim() else sympy.Integer(1)
+
+
+@lower(aten.var.correction)
+def var(x, dims=None, *, correction=None, keepdim=False):
+    if not x.dtype.is_floating_point:
+        raise Unsupported("var of integers")
+    correction = 1 if correction is None else correction
+    mean_, m2, _ = welford(x, dims, keepdim)
+    return to_dtype(_var_from(m2, _count(x, dims), correction), x.dtype)
+
+
+@lower(aten.var_mean.correction)
+def var_mean(x, dims=None, *, correction=None, keepdim=False):
+    if not x.dtype.is_floating_point:
+        raise Unsupported("var_mean of integers")
+    correction = 1 if correction is None else correction
+    mean_, m2, _ = welford(x, dims, keepdim)
+    return to_dtype(_var_from(m2, _count(x, dims), correction), x.dtype), to_dtype(mean_, x.dtype)
+
+
+@lower(aten.std.correction)
+def std(x, dims=None, *, correction=None, keepdim=False):
+    v = var(x, dims, correction=correction, keepdim=keepdim)
+    return pointwise(ops.sqrt, v)
+
+
+@lower(aten.std_mean.correction)
+def std_mean(x, dims=None, *, correction=None, keepdim=False):
+    v, m = var_mean(x, dims, correction=correction, keepdim=keepdim)
+    return pointwise(ops.sqrt, v), m

@@ -1,0 +1,250 @@
+"""Views never copy. On a stored buffer a view is a ReinterpretView (a new size/stride/offset onto the
+same storage); on an unstored computation it is a Pointwise whose index function remaps the index."""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir.nodes import Buffer, Layout, ReinterpretView, TensorBox
+from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, simplify_index, sympify
+from .registry import Unsupported, lower
+
+aten = torch.ops.aten
+
+
+def _strided_base(x: TensorBox):
+    """(base buffer, layout) when x is stored memory, else None."""
+    d = x.data
+    if isinstance(d, ReinterpretView):
+        return d.data, d.layout
+    if isinstance(d, Buffer) and d.layout is not None:
+        return d, d.layout
+    return None
+
+
+def make_view(x: TensorBox, size, layout_fn, reindex) -> TensorBox:
+    """layout_fn(layout) -> new Layout or None; reindex(new_index) -> index into x."""
+    base = _strided_base(x)
+    if base is not None:
+        buf, layout = base
+        new_layout = layout_fn(layout)
+        if new_layout is not None:
+            return TensorBox(ReinterpretView(buf, new_layout))
+    loader = x.make_loader()
+    return TensorBox.pointwise(x.device, x.dtype, lambda idx: loader(reindex(idx)), list(size))
+
+
+def _dim(d, ndim):
+    return d + ndim if d < 0 else d
+
+
+@lower(aten.permute.default)
+def permute(x, dims):
+    n = x.dim()
+    dims = [_dim(d, n) for d in dims]
+    size = [x.get_size()[d] for d in dims]
+
+    def layout_fn(l):
+        return Layout(l.device, l.dtype, [l.size[d] for d in dims], [l.stride[d] for d in dims], l.offset)
+
+    def reindex(idx):
+        old = [None] * n
+        for new_pos, d in enumerate(dims):
+            old[d] = idx[new_pos]
+        return old
+
+    return make_view(x, size, layout_fn, reindex)
+
+
+@lower(aten.t.default)
+def t(x):
+    return permute(x, list(range(x.dim()))[::-1]) if x.dim() == 2 else x
+
+
+@lower(aten.transpose.int)
+def transpose(x, d0, d1):
+    n = x.dim()
+    if n == 0:
+        return x
+    dims = list(range(n))
+    d0, d1 = _dim(d0, n), _dim(d1, n)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(x, dims)
+
+
+@lower(aten.expand.default)
+def expand(x, size, *, implicit=False):
+    size = [sympify(s) for s in size]
+    old = x.get_size()
+    lead = len(size) - len(old)
+    size = [old[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(size)]
+    if list(size) == list(old):
+        return x
+
+    def layout_fn(l):
+        stride = [sympy.Integer(0)] * lead + [sympy.Integer(0) if (o == 1 and s != 1) else st
+                                              for o, s, st in zip(l.size, size[lead:], l.stride)]
+        return Layout(l.device, l.dtype, list(size), stride, l.offset)
+
+    def reindex(idx):
+        return [sympy.Integer(0) if (o == 1 and size[i + lead] != 1) else idx[i + lead] for i, o in enumerate(old)]
+
+    return make_view(x, size, layout_fn, reindex)
+
+
+@lower(aten.unsqueeze.default)
+def unsqueeze(x, dim):
+    n = x.dim()
+    dim = dim + n + 1 if dim < 0 else dim
+    size = list(x.get_size())
+    size.insert(dim, sympy.Integer(1))
+
+    def layout_fn(l):
+        stride = list(l.stride)
+        stride.insert(dim, stride[dim] * l.size[dim] if dim < n else sympy.Integer(1))
+        return Layout(l.device, l.dtype, size, stride, l.offset)
+
+    return make_view(x, size, layout_fn, lambda idx: idx[:dim] + idx[dim + 1:])
+
+
+@lower(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(x, dims=None):
+    n = x.dim()
+    if dims is None:
+        dims = [i for i, s in enumerate(x.get_size()) if s == 1]
+    elif isinstance(dims, int):
+        dims = [dims]
+    dims = {_dim(d, n) for d in dims if n > 0 and x.get_size()[_dim(d, n)] == 1}
+    keep = [i for i in range(n) if i not in dims]
+    size = [x.get_size()[i] for i in keep]
+
+    def layout_fn(l):
+        return Layout(l.device, l.dtype, size, [l.stride[i] for i in keep], l.offset)
+
+    def reindex(idx):
+        it = iter(idx)
+        return [sympy.Integer(0) if i in dims else next(it) for i in range(n)]
+
+    return make_view(x, size, layout_fn, reindex)
+
+
+@lower(aten.slice.Tensor)
+def slice_(x, dim=0, start=None, end=None, step=1):
+    n = x.dim()
+    dim = _dim(dim, n)
+    dimsize = x.get_size()[dim]
+    start = _clamp_index(0 if start is None else sympify(start), dimsize)
+    end = _clamp_index(dimsize if end is None else sympify(end), dimsize)
+    length = sympy.Max(sympy.Integer(0), FloorDiv(end - start + step - 1, sympify(step)))
+    if start == 0 and end == dimsize and step == 1:
+        return x
+    size = list(x.get_size())
+    size[dim] = length
+
+    def layout_fn(l):
+        stride = list(l.stride)
+        stride[dim] = l.stride[dim] * step
+        return Layout(l.device, l.dtype, size, stride, l.offset + l.stride[dim] * start)
+
+    def reindex(idx):
+        idx = list(idx)
+        idx[dim] = start + idx[dim] * step
+        return idx
+
+    return make_view(x, size, layout_fn, reindex)
+
+
+def _clamp_index(i, size):
+    if i.is_Integer and size.is_Integer:
+        v, n = int(i), int(size)
+        if v < 0:
+            v += n
+        return sympy.Integer(min(max(v, 0), n))
+    if i.is_Integer and int(i) < 0:
+        return size + i
+    if i.is_Integer and int(i) >= 2 ** 62:
+        return size
+    return sympy.Min(i, size) if not i.is_Integer else i
+
+
+@lower(aten.select.int)
+def select(x, dim, index):
+    n = x.dim()
+    dim = _dim(dim, n)
+    index = sympify(index)
+    if index.is_Integer and int(index) < 0:
+        index = x.get_size()[dim] + index
+    size = [s for i, s in enumerate(x.get_size()) if i != dim]
+
+    def layout_fn(l):
+        return Layout(l.device, l.dtype, size, [s for i, s in enumerate(l.stride) if i != dim],
+                      l.offset + l.stride[dim] * index)
+
+    return make_view(x, size, layout_fn, lambda idx: list(idx[:dim]) + [index] + list(idx[dim:]))
+
+
+def _infer_size(size, numel):
+    size = [sympify(s) for s in size]
+    if any(s == -1 for s in size):
+        known = product(s for s in size if s != -1)
+        size = [sympy.simplify(numel / known) if s == -1 else s for s in size]
+    return size
+
+
+@lower(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def view(x, size):
+    if isinstance(size, torch.dtype):
+        raise Unsupported("view as dtype")
+    old = list(x.get_size())
+    size = _infer_size(size, product(old))
+    if size == old:
+        return x
+
+    def layout_fn(l):
+        if l.is_contiguous():
+            return Layout(l.device, l.dtype, size, contiguous_strides(size), l.offset)
+        return None
+
+    old_strides = contiguous_strides(old)
+    new_strides = contiguous_strides(size)
+
+    def reindex(idx):
+        flat = sum((i * s for i, s in zip(idx, new_strides)), sympy.Integer(0))
+        out = []
+        for j, (n, st) in enumerate(zip(old, old_strides)):
+            if n == 1:
+                out.append(sympy.Integer(0))
+            elif j == 0:
+                out.append(FloorDiv(flat, st))
+            else:
+                out.append(ModularIndexing(flat, st, n))
+        return out
+
+    return make_view(x, size, layout_fn, reindex)
+
+
+@lower(aten.view.dtype)
+def view_dtype(x, dtype):
+    raise Unsupported("view as another dtype")
+
+
+@lower(aten.alias.default, aten.detach.default)
+def alias(x):
+    return x
+
+
+@lower(aten.as_strided.default)
+def as_strided(x, size, stride, storage_offset=None):
+    base = _strided_base(x)
+    if base is None:
+        x.realize()
+        base = _strided_base(x)
+    buf, layout = base
+    offset = layout.offset if storage_offset is None else sympify(storage_offset)
+    return TensorBox(ReinterpretView(buf, Layout(layout.device, layout.dtype, [sympify(s) for s in size],
+                                                 [sympify(s) for s in stride], offset)))
+
+
+@lower(aten.expand_copy.default, aten.permute_copy.default, aten.view_copy.default)
+def _copy_views(x, *args, **kwargs):
+    raise Unsupported("copy variants of views")

@@ -1,0 +1,29 @@
+"""Counters a user or a test can read: `ember.metrics.generated_kernel_count`, ... and `reset()`."""
+from __future__ import annotations
+
+import collections
+
+graphs_compiled = 0
+generated_kernel_count = 0
+fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
+buffers_allocated = 0                                      # buffers the wrappers allocate (per compile)
+eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
+
+
+def reset() -> None:
+    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks
+    graphs_compiled = 0
+    generated_kernel_count = 0
+    buffers_allocated = 0
+    eager_fallbacks = 0
+    fallbacks.clear()
+
+
+def summary() -> dict:
+    return {
+        "graphs_compiled": graphs_compiled,
+        "generated_kernel_count": generated_kernel_count,
+        "fallbacks": dict(fallbacks),
+        "buffers_allocated": buffers_allocated,
+        "eager_fallbacks": eager_fallbacks,
+    }

@@ -1,0 +1,246 @@
+"""Fusion: merge scheduler nodes into kernels, best-first by bytes saved, to a fixpoint.
+
+Two groups may fuse when they run on the same device, their iteration spaces fit one kernel (same
+(xnumel, rnumel), or a pointwise node that splits into the reduction's rows), fusing them creates no
+cycle through a third group, and every value one writes and the other reads is accessed at the same
+element (so no thread reads what another thread of the kernel writes).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Optional
+
+import sympy
+
+from .. import config
+from ..ir.symbolic import hint, statically_known_equal
+from .nodes import SchedulerNode, canonical
+
+
+class FusedGroup:
+    _ids = itertools.count()
+
+    def __init__(self, nodes: list[SchedulerNode]):
+        self.id = next(FusedGroup._ids)
+        self.nodes = sorted(nodes, key=lambda n: n.order)
+        self.alive = True
+        self.group = _group_of(self.nodes)
+        self.reads = set().union(*(n.reads for n in self.nodes))
+        self.writes = set().union(*(n.writes for n in self.nodes))
+        self.min_order = self.nodes[0].order
+        self.max_order = self.nodes[-1].order
+
+    def is_kernel(self) -> bool:
+        return self.nodes[0].is_kernel()
+
+    def is_reduction(self) -> bool:
+        return self.group[1] != 1
+
+    def device(self):
+        return self.nodes[0].device()
+
+    def __repr__(self):
+        return f"FusedGroup({[n.name for n in self.nodes]}, group={self.group})"
+
+
+def _group_of(nodes) -> tuple:
+    for n in nodes:
+        if n.is_reduction():
+            return n.group()
+    return nodes[0].group()
+
+
+def merged_group(a: FusedGroup, b: FusedGroup) -> Optional[tuple]:
+    """The (X, R) of a kernel holding both, or None."""
+    if a.is_reduction() and b.is_reduction():
+        ga, gb = a.group, b.group
+        ok = statically_known_equal(ga[0], gb[0]) and statically_known_equal(ga[1], gb[1])
+        return ga if ok else None
+    red = a if a.is_reduction() else (b if b.is_reduction() else None)
+    if red is None:
+        return a.group if statically_known_equal(a.group[0], b.group[0]) else None
+    other = b if red is a else a
+    if all(n.split(red.group) is not None for n in other.nodes):
+        return red.group
+    return None
+
+
+def build_nodes(buffers) -> list[SchedulerNode]:
+    nodes = [SchedulerNode(b, i) for i, b in enumerate(buffers)]
+    last_writer: dict[str, SchedulerNode] = {}
+    readers: dict[str, list] = {}
+    for n in nodes:
+        for s in n.reads:
+            if s in last_writer and last_writer[s] is not n:
+                n.deps.add(last_writer[s])
+            readers.setdefault(s, []).append(n)
+        for s in n.writes:
+            n.deps.update(r for r in readers.get(s, []) if r is not n)
+            if s in last_writer:
+                n.deps.add(last_writer[s])
+            last_writer[s] = n
+            readers[s] = []
+    for n in nodes:
+        for d in n.deps:
+            d.users.add(n)
+    return nodes
+
+
+class Fusion:
+    def __init__(self, nodes: list[SchedulerNode], nbytes):
+        self.nbytes = nbytes          # storage name -> bytes, for scoring
+        self.group_of: dict[SchedulerNode, FusedGroup] = {}
+        self.groups: list[FusedGroup] = []
+        for n in nodes:
+            self._add(FusedGroup([n]))
+
+    def _add(self, g: FusedGroup):
+        self.groups.append(g)
+        for n in g.nodes:
+            self.group_of[n] = g
+
+    # -- legality ----------------------------------------------------------------------------------
+
+    def group_deps(self, g: FusedGroup) -> set:
+        return {self.group_of[d] for n in g.nodes for d in n.deps} - {g}
+
+    def group_users(self, g: FusedGroup) -> set:
+        return {self.group_of[u] for n in g.nodes for u in n.users} - {g}
+
+    def creates_cycle(self, a: FusedGroup, b: FusedGroup) -> bool:
+        """Is there a path a -> h -> ... -> b (or b -> ... -> a) through a third group h?"""
+        for src, dst in ((a, b), (b, a)):
+            stack = [h for h in self.group_users(src) if h is not dst]
+            seen = set()
+            while stack:
+                h = stack.pop()
+                if h in seen or h.min_order > dst.max_order:
+                    continue
+                seen.add(h)
+                if dst in self.group_users(h):
+                    return True
+                stack.extend(u for u in self.group_users(h) if u is not dst)
+        return False
+
+    def accesses_agree(self, a: FusedGroup, b: FusedGroup, group) -> bool:
+        """Every storage one writes and the other touches is accessed at the same element."""
+        nodes = a.nodes + b.nodes
+        written = a.writes | b.writes
+        shared = {s for s in written if s in (a.reads | a.writes) and s in (b.reads | b.writes)}
+        for s in shared:
+            indices = set()
+            for n in nodes:
+                subs = n.flat_vars(group)
+                if subs is None:
+                    return False
+                for d in n.read_deps + n.write_deps:
+                    if d.name == s:
+                        indices.add(canonical(d.index, subs, group))
+            if len(indices) > 1:
+                return False
+        return True
+
+    def can_fuse(self, a: FusedGroup, b: FusedGroup) -> Optional[tuple]:
+        if not (a.alive and b.alive and a.is_kernel() and b.is_kernel()) or a is b:
+            return None
+        if a.device() != b.device():
+            return None
+        group = merged_group(a, b)
+        if group is None:
+            return None
+        if any(n.has_indirect for n in a.nodes + b.nodes) and (a.writes & b.reads or b.writes & a.reads):
+            # an indirect read of a value written in the same kernel may cross threads
+            if not self._indirect_safe(a, b):
+                return None
+        if not self.accesses_agree(a, b, group):
+            return None
+        if self.creates_cycle(a, b):
+            return None
+        return group
+
+    def _indirect_safe(self, a, b) -> bool:
+        for n in a.nodes + b.nodes:
+            if n.has_indirect:
+                other = b if n in a.nodes else a
+                if any(d.name in other.writes and d.index.free_symbols & _indirect_syms(d.index)
+                       for d in n.read_deps):
+                    return False
+        return True
+
+    def score(self, a: FusedGroup, b: FusedGroup) -> int:
+        shared = (a.writes & b.reads) | (b.writes & a.reads)
+        vertical = sum(self.nbytes(s) for s in shared)
+        horizontal = sum(self.nbytes(s) for s in (a.reads & b.reads))
+        if not config.horizontal_fusion and not shared:
+            return 0
+        return 2 * vertical + horizontal
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def neighbours(self, g: FusedGroup, by_storage) -> set:
+        out = set()
+        for s in g.reads | g.writes:
+            out.update(by_storage.get(s, ()))
+        out.discard(g)
+        return {h for h in out if h.alive}
+
+    def run(self) -> list[FusedGroup]:
+        if not config.fuse:
+            return self.ordered()
+        by_storage: dict[str, set] = {}
+
+        def index(g):
+            for s in g.reads | g.writes:
+                by_storage.setdefault(s, set()).add(g)
+
+        for g in self.groups:
+            index(g)
+        heap, tie = [], itertools.count()
+
+        def push_pairs(g):
+            for h in self.neighbours(g, by_storage):
+                sc = self.score(g, h)
+                if sc > 0:
+                    heapq.heappush(heap, (-sc, min(g.min_order, h.min_order), next(tie), g, h))
+
+        for g in list(self.groups):
+            if g.is_kernel():
+                push_pairs(g)
+        while heap:
+            _, _, _, a, b = heapq.heappop(heap)
+            if not (a.alive and b.alive):
+                continue
+            if self.can_fuse(a, b) is None:
+                continue
+            merged = FusedGroup(a.nodes + b.nodes)
+            a.alive = b.alive = False
+            self._add(merged)
+            index(merged)
+            push_pairs(merged)
+        return self.ordered()
+
+    def ordered(self) -> list[FusedGroup]:
+        """Live groups in a topological order (by each group's first node where free to choose)."""
+        live = [g for g in self.groups if g.alive]
+        indeg = {g: 0 for g in live}
+        users = {g: self.group_users(g) for g in live}
+        for g in live:
+            for u in users[g]:
+                indeg[u] += 1
+        ready = [(g.min_order, g.id, g) for g in live if indeg[g] == 0]
+        heapq.heapify(ready)
+        out = []
+        while ready:
+            _, _, g = heapq.heappop(ready)
+            out.append(g)
+            for u in users[g]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(ready, (u.min_order, u.id, u))
+        assert len(out) == len(live), "fusion created a cycle"
+        return out
+
+
+def _indirect_syms(expr) -> set:
+    return {s for s in expr.free_symbols if s.name.startswith("indirect")}

@@ -1,0 +1,134 @@
+"""Scheduler nodes: one per realized buffer, with its reads, writes and iteration space.
+
+A kernel iterates over a flat `xindex` (output elements or rows) and, for reductions, a flat `rindex`
+(elements of a row). A node's own loop variables map onto those as FloorDiv / ModularIndexing of the
+flat indices (`flat_vars`); `canonical` then rewrites any index of the node in kernel terms, simplified,
+so two nodes' accesses can be compared and printed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import sympy
+import torch
+
+from ..ir.deps import MemoryDep, record
+from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView
+from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, make_index_vars, product, simplify_index,
+                           statically_known_equal)
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+
+class SchedulerNode:
+    def __init__(self, buf: Buffer, order: int):
+        self.buf = buf
+        self.name = buf.get_name()
+        self.order = order
+        self.deps: set[SchedulerNode] = set()      # nodes that must run before this one
+        self.users: set[SchedulerNode] = set()
+        self.read_deps: list[MemoryDep] = []
+        self.write_deps: list[MemoryDep] = []
+        self.ranges: list = []
+        self.rranges: list = []
+        self.op_count = 0
+        if isinstance(buf, ComputedBuffer):
+            data = buf.data
+            self.ranges = list(data.ranges)
+            self.rranges = list(data.reduction_ranges) if isinstance(data, Reduction) else []
+            self.ivars = make_index_vars("i", len(self.ranges))
+            self.rvars = make_index_vars("r", len(self.rranges))
+            rec = record(buf.store_body, self.ivars, self.rvars)
+            self.read_deps, self.write_deps, self.op_count = rec.reads, rec.writes, rec.op_count
+            self.has_indirect = rec.has_indirect
+            self.reads = {d.name for d in self.read_deps}
+            self.writes = {d.name for d in self.write_deps}
+        elif isinstance(buf, ExternKernel):
+            self.reads = {n.data.storage_name() if isinstance(n, ReinterpretView) else n.storage_name()
+                          for n in buf.input_nodes()}
+            self.writes = {buf.get_name()} | set(buf.mutated)
+        elif isinstance(buf, MultiOutput):
+            self.reads = {buf.parent.get_name()}
+            self.writes = {buf.get_name()}
+        else:
+            raise TypeError(f"cannot schedule {buf!r}")
+
+    # -- kinds ----------------------------------------------------------------------------------------
+
+    def is_kernel(self) -> bool:
+        return isinstance(self.buf, ComputedBuffer)
+
+    def is_reduction(self) -> bool:
+        return bool(self.rranges) or (isinstance(self.buf, ComputedBuffer) and isinstance(self.buf.data, Reduction))
+
+    def device(self) -> torch.device:
+        return self.buf.get_device()
+
+    def group(self) -> tuple:
+        """(xnumel, rnumel) of the kernel this node alone would be."""
+        if self.is_reduction():
+            return (product(self.ranges), product(self.rranges))
+        return (product(self.ranges), sympy.Integer(1))
+
+    # -- placing into a kernel of shape (X, R) ------------------------------------------------------------
+
+    def split(self, group) -> Optional[tuple]:
+        """(x dims, r dims) of this node in a kernel of `group`, or None if it does not fit."""
+        X, R = group
+        if self.is_reduction():
+            if statically_known_equal(product(self.ranges), X) and statically_known_equal(product(self.rranges), R):
+                return (self.ranges, self.rranges)
+            return None
+        numel = product(self.ranges)
+        if statically_known_equal(numel, X):
+            return (self.ranges, [])
+        if R != 1 and statically_known_equal(numel, X * R):
+            acc = sympy.Integer(1)
+            for k in range(len(self.ranges) + 1):
+                if statically_known_equal(acc, X):
+                    rest = self.ranges[k:]
+                    if statically_known_equal(product(rest), R):
+                        return (self.ranges[:k], rest)
+                if k < len(self.ranges):
+                    acc = acc * self.ranges[k]
+        return None
+
+    def flat_vars(self, group) -> Optional[dict]:
+        """Substitution from this node's loop variables to kernel flat-index expressions."""
+        sp = self.split(group)
+        if sp is None:
+            return None
+        xdims, rdims = sp
+        vars_ = self.ivars + self.rvars if self.is_reduction() else self.ivars
+        subs = {}
+        for dims, flat, names in ((xdims, XINDEX, vars_[:len(xdims)]), (rdims, RINDEX, vars_[len(xdims):])):
+            strides = contiguous_strides(dims)
+            for k, (v, n, st) in enumerate(zip(names, dims, strides)):
+                if n == 1:
+                    subs[v] = sympy.Integer(0)
+                elif k == 0:
+                    subs[v] = FloorDiv(flat, st)
+                else:
+                    subs[v] = ModularIndexing(flat, st, n)
+        return subs
+
+    def is_x_only(self, group) -> bool:
+        sp = self.split(group)
+        return sp is not None and not self.is_reduction() and not sp[1]
+
+
+def canonical(expr, subs: dict, group) -> sympy.Expr:
+    X, R = group
+    e = sympy.sympify(expr).xreplace(subs)
+    return simplify_index(e, ((XINDEX, X), (RINDEX, R)))
+
+
+def kernel_index_vars(node: SchedulerNode, group):
+    """The node's loop variables as kernel expressions: (x index list, r index list)."""
+    subs = node.flat_vars(group)
+    ivals = [subs[v] for v in node.ivars]
+    rvals = [subs[v] for v in node.rvars]
+    if not node.is_reduction():
+        return ivals, []
+    return ivals, rvals
