@@ -1,0 +1,62 @@
+"""Helpers for tests (ember's and users'): compile with ember, compare with eager, outputs and grads."""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def default_tol(dtype):
+    return {torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-5),
+            torch.float64: (1e-7, 1e-7)}.get(dtype, (0, 0))
+
+
+def fresh_compile(fn, **kwargs):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="ember", **kwargs)
+
+
+def _clone(args, requires_grad):
+    def c(x):
+        if isinstance(x, torch.Tensor):
+            y = x.detach().clone()
+            if requires_grad and y.is_floating_point():
+                y.requires_grad_(True)
+            return y
+        return x
+    return pytree.tree_map(c, args)
+
+
+def assert_close(actual, expected, rtol=None, atol=None, what="output"):
+    flat_a, flat_e = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    assert len(flat_a) == len(flat_e), f"{what}: {len(flat_a)} values, eager has {len(flat_e)}"
+    for i, (a, e) in enumerate(zip(flat_a, flat_e)):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor), f"{what}[{i}]: got {type(a)}"
+            assert a.shape == e.shape, f"{what}[{i}]: shape {tuple(a.shape)} vs eager {tuple(e.shape)}"
+            assert a.dtype == e.dtype, f"{what}[{i}]: dtype {a.dtype} vs eager {e.dtype}"
+            r, t = default_tol(e.dtype)
+            torch.testing.assert_close(a, e, rtol=rtol if rtol is not None else r,
+                                       atol=atol if atol is not None else t, equal_nan=True,
+                                       msg=lambda m: f"{what}[{i}]: {m}")
+        else:
+            assert a == e, f"{what}[{i}]: {a} vs eager {e}"
+
+
+def check(fn, *args, grad=False, rtol=None, atol=None, **compile_kwargs):
+    """Run fn eagerly and with ember on copies of args; compare outputs (and input grads if grad)."""
+    eager_args = _clone(args, grad)
+    ember_args = _clone(args, grad)
+    expected = fn(*eager_args)
+    compiled = fresh_compile(fn, **compile_kwargs)
+    actual = compiled(*ember_args)
+    assert_close(actual, expected, rtol, atol)
+    if grad:
+        outs_e = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs_a = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
+        gens = [torch.randn_like(o) for o in outs_e]
+        torch.autograd.backward(outs_e, gens)
+        torch.autograd.backward(outs_a, [g.clone() for g in gens])
+        ge = [a.grad for a in pytree.tree_leaves(eager_args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        ga = [a.grad for a in pytree.tree_leaves(ember_args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        assert_close(ga, ge, rtol, atol, what="grad")
+    return actual
