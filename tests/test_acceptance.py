@@ -28,7 +28,7 @@ def test_layer_norm_is_one_kernel(device, n):
 
 
 def test_looped_softmax_is_one_kernel(device):
-    check(lambda a: torch.softmax(a, -1), torch.randn(3, 5000, device=device))
+    check(lambda a: torch.softmax(a, -1), torch.randn(2, 20000, device=device))  # rows beyond persistent_reduction_max
     assert ember.metrics.generated_kernel_count == 1
 
 

@@ -26,10 +26,12 @@ class TritonBackend:
         self.name = "triton-interpret" if interpret else "triton"
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
+        from ..schedule.tiling import choose_tiling
         from .triton.kernel import TritonKernel
+        tiling = choose_tiling(group)
         materialize: set = set()
         while True:
-            k = TritonKernel(name, group, graph, local, materialize).generate()
+            k = TritonKernel(name, group, graph, local, materialize, tiling).generate()
             missing = k.needs_store - materialize
             if not missing:
                 break
@@ -39,6 +41,8 @@ class TritonBackend:
         args += [sympy.Symbol(s) for s in k.args.sizes.values()]
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
+        if k.tiled:
+            grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
         source = k.source()
         stored = set(k.args.outputs)
         return GeneratedKernel(DefineKernel(name, source, self.name), CallKernel(name, args, grid, meta), stored, source)

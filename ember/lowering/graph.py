@@ -85,13 +85,13 @@ class GraphLowering(torch.fx.Interpreter):
                 self._note_symbols(s)
         elif isinstance(val, torch.SymInt):
             expr = val.node.expr
-            hint = val.node.hint if hasattr(val.node, "hint") else None
             for sym in expr.free_symbols:
                 if sym not in self.symbol_hints:
-                    try:
-                        h = val.node.shape_env.var_to_val.get(sym)
-                    except Exception:
-                        h = None
+                    env = val.node.shape_env
+                    table = getattr(env, "backed_var_to_val", None)   # torch >= 2.13
+                    if table is None:
+                        table = env.var_to_val
+                    h = table.get(sym)
                     if h is not None:
                         self.symbol_hints[sym] = int(h)
 

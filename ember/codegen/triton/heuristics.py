@@ -34,21 +34,21 @@ def launch_config(kernel) -> dict:
         warps = 4 if xblock >= 512 else (2 if xblock >= 128 else 1)
         return {"XBLOCK": xblock, "num_warps": warps}
     R = max(1, hint(kernel.R))
+    if kernel.tiled:
+        return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
     if kernel.persistent:
+        # whole rows in registers: several short rows per program, one long row per program
         rblock = next_pow2(R)
         xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
         if not _reads_rows_contiguously(kernel):
             xblock = max(xblock, min(32, next_pow2(X)))
-        warps = max(1, min(16, (xblock * rblock) // 256))
-        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": _pow2_floor(warps)}
+        n = xblock * rblock
+        warps = 2 if n <= 512 else 4 if n <= 2048 else 8 if n <= 8192 else 16
+        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
     if _reads_rows_contiguously(kernel):
         rblock = min(2048, next_pow2(R))
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8 if rblock >= 1024 else 4}
     return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(32, next_pow2(R)), "num_warps": 8}
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (int(n).bit_length() - 1)
 
 
 def _reads_rows_contiguously(kernel) -> bool:

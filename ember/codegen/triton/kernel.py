@@ -40,16 +40,17 @@ class Section:
 
 
 class TritonKernel(MathOps):
-    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset()):
+    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
         self.name = name
-        self.group = group.group
+        self.group = tiling or group.group
+        self.tiled = tiling is not None        # a 2-D tiled pointwise kernel (see schedule/tiling.py)
         self.nodes = group.nodes
         self.graph = graph
         self.local = set(local) - set(materialize)
         X, R = self.group
         self.X, self.R = X, R
         self.has_rdim = R != 1
-        self.persistent = self.has_rdim and is_static(R) and int(R) <= config.persistent_reduction_max
+        self.persistent = self.tiled or (self.has_rdim and is_static(R) and int(R) <= config.persistent_reduction_max)
         self.sections: list[Section] = []
         self.global_cache: dict = {}
         self.scope: dict[str, Optional[int]] = {}     # value name -> section id it is confined to
@@ -109,14 +110,19 @@ class TritonKernel(MathOps):
         s = self.scope.get(v.name)
         return s is None or s == self.section.id
 
-    def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
+    def cse(self, expr: str, dtype, kind: str, where: str = "body", deps=None) -> KValue:
+        """Name `expr` once. Row-invariant values (not "xr") whose inputs all live outside the current
+        r-loop are hoisted in front of it (`deps` lists those inputs; None means "unknown": not hoisted)."""
         sec = self.section
         hit = sec.cache.get(expr) or self.global_cache.get(expr)
         if hit is not None and self._visible(hit):
             return hit
+        if (sec.kind == "loop" and where == "body" and kind != "xr" and deps is not None
+                and all(self.scope.get(d.name) is None for d in deps if isinstance(d, KValue))):
+            where = "pre"
         v = KValue(f"tmp{next(self.counter)}", dtype, kind)
         getattr(sec, where).append(f"{v.name} = {expr}")
-        if sec.kind == "flat" or where == "post":
+        if sec.kind == "flat" or where in ("post", "pre"):
             self.global_cache[expr] = v
             self.scope[v.name] = None
         else:
@@ -169,7 +175,8 @@ class TritonKernel(MathOps):
             expr += ".to(tl.int1)"
         elif compute_dtype(buf_dtype) != buf_dtype:
             expr += f".to({triton_type(compute_dtype(buf_dtype))})"
-        return self.cse(expr, compute_dtype(buf_dtype), "scalar" if kind == "scalar" else kind)
+        deps = [self._tmp_values[s.name] for s in sympy.sympify(index).free_symbols if s.name in self._tmp_values]
+        return self.cse(expr, compute_dtype(buf_dtype), kind, deps=deps)
 
     def _store(self, name: str, index, value: KValue, where: str):
         idx, kind = self.index_str(index)
@@ -216,7 +223,12 @@ class TritonKernel(MathOps):
         if kind == "scalar" and sympy.sympify(expr).is_Integer:
             return self.constant(int(expr), dtype)
         cast = "" if dtype == (torch.int64 if self.use_int64 else torch.int32) else f".to({triton_type(dtype)})"
-        return self.cse(f"({idx}){cast}", dtype, kind)
+        if kind == "scalar":
+            # size arguments may arrive as constexpr (Triton specializes ints equal to 1): make a tensor
+            idx = f"tl.full([], {idx}, tl.int64)"
+            cast = "" if dtype == torch.int64 else f".to({triton_type(dtype)})"
+        deps = [self._tmp_values[s.name] for s in sympy.sympify(expr).free_symbols if s.name in self._tmp_values]
+        return self.cse(f"({idx}){cast}", dtype, kind, deps=deps)
 
     def indirect_indexing(self, value: KValue, size, check=True):
         size_s = print_index(size)
@@ -335,7 +347,9 @@ class TritonKernel(MathOps):
         if self.has_rdim:
             body += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
                      "rbase = tl.arange(0, RBLOCK)[None, :]"]
-            if self.persistent:
+            if self.tiled:
+                body += ["rindex = tl.program_id(1) * RBLOCK + rbase", "rmask = rindex < rnumel"]
+            elif self.persistent:
                 body += ["rindex = rbase", "rmask = rindex < rnumel"]
         else:
             body += ["xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]

@@ -58,7 +58,7 @@ class MathOps:
         kind = widest_kind(*vals)
         if kind == "const":
             kind = "scalar"
-        return self.cse(expr, dtype, kind)
+        return self.cse(expr, dtype, kind, deps=vals)
 
     def constant(self, value, dtype) -> KValue:
         if dtype == torch.bool:

@@ -1,0 +1,46 @@
+"""Tiling: a pointwise kernel whose accesses are contiguous along different dimensions (a transpose)
+iterates over 2-D tiles, so that both its loads and its stores walk memory contiguously.
+
+The tile splits each node's dims at one point: outer dims are the kernel's x axis, inner dims its
+second axis (the same split a reduction kernel uses for rows and row elements)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import sympy
+
+from ..ir.symbolic import hint, product, statically_known_equal
+
+
+def _contiguous_dim(expr, ivars) -> Optional[int]:
+    """The loop dim along which expr moves by 1 (None if none or not linear)."""
+    for k, v in enumerate(ivars):
+        try:
+            d = sympy.diff(expr, v)
+        except Exception:
+            return None
+        if d == 1:
+            return k
+    return None
+
+
+def choose_tiling(group) -> Optional[tuple]:
+    """(X, R) for a 2-D tiled pointwise kernel, or None to keep it 1-D."""
+    if group.is_reduction() or not group.is_kernel():
+        return None
+    for n in group.nodes:
+        if len(n.ranges) < 2 or n.has_indirect:
+            continue
+        dims = {_contiguous_dim(d.index, n.ivars) for d in n.read_deps + n.write_deps}
+        dims.discard(None)
+        if len(dims) < 2:
+            continue
+        split = max(dims)                 # inner axis: from the later contiguous dim to the end
+        if split == 0:
+            continue
+        X, R = product(n.ranges[:split]), product(n.ranges[split:])
+        if hint(X) < 16 or hint(R) < 16:
+            return None
+        if all(m.split((X, R)) is not None for m in group.nodes):
+            return (X, R)
+    return None
