@@ -24,6 +24,7 @@ class ProgramBuilder:
         self.kernel_count = 0
         self.kernels = []            # GeneratedKernel, for debug output
         self.views = 0
+        self.bound: set = set()      # size symbols the wrapper has bound so far
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -49,7 +50,7 @@ class ProgramBuilder:
     # -- pieces ----------------------------------------------------------------------------------------
 
     def _bind_symbols(self):
-        bound = set()
+        bound = self.bound
         for name in self.g.graph_input_names:
             v = self.g.graph_inputs[name]
             if isinstance(v, sympy.Symbol) and v not in bound:
@@ -61,6 +62,15 @@ class ProgramBuilder:
                         if isinstance(s, sympy.Symbol) and s not in bound:
                             self.lines.append(SymbolDef(str(s), name, what, d))
                             bound.add(s)
+
+    def _bind_output_symbols(self, buf):
+        """Sizes only known once an op ran (nonzero, masked_select ...): bind them from its output."""
+        if buf.layout is None:
+            return
+        for d, s in enumerate(buf.layout.size):
+            if isinstance(s, sympy.Symbol) and s not in self.bound:
+                self.lines.append(SymbolDef(str(s), buf.get_name(), "size", d))
+                self.bound.add(s)
 
     def _output_names(self) -> set:
         out = set()
@@ -111,12 +121,14 @@ class ProgramBuilder:
         if isinstance(buf, MultiOutput):
             self.allocated.add(buf.get_name())
             self.lines.append(MultiOutputLine(buf.get_name(), buf.parent.get_name(), buf.path))
+            self._bind_output_symbols(buf)
             return
         assert isinstance(buf, ExternKernel)
         args = [self._arg(a) for a in buf.args]
         kwargs = {k: self._arg(v) for k, v in buf.kwargs.items()}
         self.allocated.add(buf.get_name())
         self.lines.append(CallExtern(buf.get_name(), buf.op, args, kwargs))
+        self._bind_output_symbols(buf)
         if config.check_extern_layouts and buf.layout is not None:
             self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride)))
 

@@ -34,17 +34,28 @@ class RecordingHandler(DefaultHandler):
         self.op_count = 0
         self.has_indirect = False
         self._indirect = 0
+        self.symbols: set = set()      # size symbols the body uses (an op defining them must run first)
 
     def _default(self, name, args, kwargs):
         self.op_count += 1
         return _V
 
+    def _note(self, expr):
+        self.symbols |= {x for x in sympy.sympify(expr).free_symbols if x.name[0] in "su"}
+
+    def index_expr(self, expr, dtype):
+        self._note(expr)
+        self.op_count += 1
+        return _V
+
     def load(self, name, index):
+        self._note(index)
         self.reads.append(MemoryDep(name, index))
         self.op_count += 1
         return _V
 
     def store(self, name, index, value):
+        self._note(index)
         self.writes.append(MemoryDep(name, index))
         return None
 

@@ -130,10 +130,14 @@ def hint(x) -> int:
     x = sympify(x)
     if isinstance(x, sympy.Integer):
         return int(x)
-    g = _hint_source()
-    if g is not None:
-        return int(x.subs(g))
-    raise ValueError(f"no size hint for {x}")
+    g = _hint_source() or {}
+    # symbols with no example value (unbacked: sizes that depend on data, e.g. nonzero's) get a
+    # typical size; hints only steer heuristics, never correctness
+    value = x.subs(g).subs({s: UNBACKED_HINT for s in x.free_symbols})
+    return int(value)
+
+
+UNBACKED_HINT = 8192
 
 
 def _hint_source():

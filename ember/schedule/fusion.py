@@ -70,7 +70,11 @@ def build_nodes(buffers) -> list[SchedulerNode]:
     nodes = [SchedulerNode(b, i) for i, b in enumerate(buffers)]
     last_writer: dict[str, SchedulerNode] = {}
     readers: dict[str, list] = {}
+    defined_by: dict = {}
     for n in nodes:
+        n.deps.update(defined_by[s] for s in n.symbols if s in defined_by)
+        for s in n.defined_symbols():
+            defined_by[s] = n
         for s in n.reads:
             if s in last_writer and last_writer[s] is not n:
                 n.deps.add(last_writer[s])

@@ -42,17 +42,26 @@ class SchedulerNode:
             rec = record(buf.store_body, self.ivars, self.rvars)
             self.read_deps, self.write_deps, self.op_count = rec.reads, rec.writes, rec.op_count
             self.has_indirect = rec.has_indirect
+            self.symbols = rec.symbols | _symbols_in(self.ranges + self.rranges)
             self.reads = {d.name for d in self.read_deps}
             self.writes = {d.name for d in self.write_deps}
         elif isinstance(buf, ExternKernel):
+            self.symbols = _symbols_in([buf.args, list(buf.kwargs.values())])
             self.reads = {n.data.storage_name() if isinstance(n, ReinterpretView) else n.storage_name()
                           for n in buf.input_nodes()}
             self.writes = {buf.get_name()} | set(buf.mutated)
         elif isinstance(buf, MultiOutput):
+            self.symbols = set()
             self.reads = {buf.parent.get_name()}
             self.writes = {buf.get_name()}
         else:
             raise TypeError(f"cannot schedule {buf!r}")
+
+    def defined_symbols(self) -> set:
+        """Size symbols first known from this node's output (unbacked sizes of data-dependent ops)."""
+        if isinstance(self.buf, (ExternKernel, MultiOutput)) and self.buf.layout is not None:
+            return {s for s in _symbols_in(self.buf.layout.size) if s.name.startswith("u")}
+        return set()
 
     # -- kinds ----------------------------------------------------------------------------------------
 
@@ -132,3 +141,11 @@ def kernel_index_vars(node: SchedulerNode, group):
     if not node.is_reduction():
         return ivals, []
     return ivals, rvals
+
+
+def _symbols_in(obj) -> set:
+    if isinstance(obj, sympy.Basic):
+        return {x for x in obj.free_symbols if x.name[0] in "su"}
+    if isinstance(obj, (list, tuple)):
+        return set().union(set(), *(_symbols_in(o) for o in obj))
+    return set()
