@@ -10,7 +10,7 @@ import torch
 
 from ..ir.nodes import Reduction, TensorBox
 from ..ir.ops import ops
-from ..ir.symbolic import product, sympify
+from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, sympify
 from .pointwise import cast, pointwise, to_dtype
 from .registry import Unsupported, lower
 from .views import unsqueeze
@@ -38,6 +38,9 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
     rranges = [size[i] for i in dims]
     loader, xdtype = x.make_loader(), x.dtype
     src_dtype = src_dtype or xdtype
+    split = _split_count(ranges, rranges, reduction_type)
+    if split > 1:
+        return _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim)
 
     def inner_fn(idx, ridx):
         full = [None] * len(size)
@@ -52,6 +55,53 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
     if keepdim:
         for d in dims:
             box = unsqueeze(box, d)
+    return box
+
+
+# Few long rows leave most of a GPU idle (one program per row): reduce chunks of each row in a first
+# kernel, then the partial results in a second.
+_SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
+
+
+def _split_count(ranges, rranges, reduction_type) -> int:
+    if reduction_type not in _SPLITTABLE or not rranges:
+        return 1
+    X, R = product(ranges), product(rranges)
+    if not (X.is_Integer and R.is_Integer) or int(R) < 65536 or int(X) >= 128:
+        return 1
+    X, R = int(X), int(R)
+    split = 1
+    while split * 2 * X <= 1024 and R % (split * 2) == 0 and R // (split * 2) >= 2048:
+        split *= 2      # chunks divide the row exactly, so no chunk reads past its end
+    return split
+
+
+def _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim):
+    size = x.get_size()
+    rsizes = [size[i] for i in dims]
+    chunk = product(rsizes) / split
+    loader, xdtype = x.make_loader(), x.dtype
+    strides = contiguous_strides(rsizes)
+
+    def inner_fn(idx, ridx):
+        flat = idx[-1] * chunk + ridx[0]
+        full = [None] * len(size)
+        for pos, i in enumerate(kept):
+            full[i] = idx[pos]
+        for k, i in enumerate(dims):
+            full[i] = FloorDiv(flat, strides[k]) if k == 0 else ModularIndexing(flat, strides[k], rsizes[k])
+        return cast(loader(full), xdtype, src_dtype)
+
+    ranges = [size[i] for i in kept] + [sympy.Integer(split)]
+    partial = TensorBox(Reduction(x.device, dtype, inner_fn, ranges, [chunk], reduction_type, src_dtype))
+    partial.realize()
+    return reduce(partial, [len(ranges) - 1], reduction_type, dtype, src_dtype=dtype, keepdim=False) if not keepdim \
+        else _unsqueeze_all(reduce(partial, [len(ranges) - 1], reduction_type, dtype, src_dtype=dtype), dims)
+
+
+def _unsqueeze_all(box, dims):
+    for d in dims:
+        box = unsqueeze(box, d)
     return box
 
 
