@@ -11,7 +11,7 @@ from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, In
 from ..ir.symbolic import sympify
 from ..schedule.memory import kernel_local_buffers, last_uses
 from .backends import backend_for
-from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, SymbolDef, View,
+from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, Reuse, SymbolDef, View,
                             WrapperProgram)
 
 
@@ -25,6 +25,8 @@ class ProgramBuilder:
         self.kernels = []            # GeneratedKernel, for debug output
         self.views = 0
         self.bound: set = set()      # size symbols the wrapper has bound so far
+        self.layouts: dict = {}      # buffers this wrapper allocated -> layout key (reusable once dead)
+        self.pool: dict = {}         # layout key -> [(dead buffer, the Free line that dropped it)]
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -43,7 +45,11 @@ class ProgramBuilder:
             dead = sorted(s for s, j in last.items() if j == i and s in freeable and s not in outputs
                           and (s in self.allocated or s in g.graph_inputs))
             if dead:
-                self.lines.append(Free(dead))
+                free = Free(dead)
+                self.lines.append(free)
+                for name in dead:
+                    if name in self.layouts:
+                        self.pool.setdefault(self.layouts[name], []).append((name, free))
         self.lines.append(Return([self._output_value(o) for o in g.outputs]))
         return WrapperProgram(list(g.graph_input_names), self.lines, dict(g.constants))
 
@@ -86,9 +92,17 @@ class ProgramBuilder:
         if name in self.allocated or isinstance(buf, (MutationBuffer, InputBuffer)):
             return
         self.allocated.add(name)
-        metrics.buffers_allocated += 1
         l = buf.layout
-        self.lines.append(Allocate(name, list(l.size), list(l.stride), l.dtype, l.device))
+        key = (tuple(l.size), tuple(l.stride), l.offset, l.dtype, l.device)
+        if self.pool.get(key):
+            # a dead buffer of the same layout: take its memory instead of allocating
+            old, free = self.pool[key].pop()
+            free.names.remove(old)
+            self.lines.append(Reuse(name, old))
+        else:
+            metrics.buffers_allocated += 1
+            self.lines.append(Allocate(name, list(l.size), list(l.stride), l.dtype, l.device))
+        self.layouts[name] = key
 
     def _kernel(self, group, local):
         backend = backend_for(group.device())

@@ -76,7 +76,7 @@ class PythonWrapper:
             return [f"{ln.name} = empty_strided({v(tuple(ln.size))}, {v(tuple(ln.stride))}, "
                     f"dtype={v(ln.dtype)}, device={v(ln.device)})"]
         if isinstance(ln, Free):
-            return [f"del {', '.join(ln.names)}"]
+            return [f"del {', '.join(ln.names)}"] if ln.names else []
         if isinstance(ln, Reuse):
             return [f"{ln.name} = {ln.old}; del {ln.old}"]
         if isinstance(ln, DefineKernel):
