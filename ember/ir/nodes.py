@@ -144,7 +144,7 @@ class Buffer(IRNode):
 
     def make_loader(self):
         name, layout = self.storage_name(), self.layout
-        return lambda idx: ops.load(name, layout.index(idx))
+        return lambda idx: ops.load(name, layout.index(idx) - layout.offset)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name}, {self.layout.dtype if self.layout else None}, size={self.layout.size if self.layout else None})"
@@ -172,7 +172,8 @@ class ComputedBuffer(Buffer):
 
     def store_body(self, index, rindex=()):
         """Run the computation for one output element (and one reduction element) and store it."""
-        idx = self.layout.index(index)
+        # kernels get the tensor itself, whose data pointer already includes its storage offset
+        idx = self.layout.index(index) - self.layout.offset
         if isinstance(self.data, Reduction):
             return ops.store_reduction(self.storage_name(), idx, self.data.body(index, rindex))
         return ops.store(self.storage_name(), idx, self.data.inner_fn(index))
@@ -243,8 +244,9 @@ class ReinterpretView(IRNode):
         return self.data.get_name()
 
     def make_loader(self):
-        name, layout = self.data.storage_name(), self.layout
-        return lambda idx: ops.load(name, layout.index(idx))
+        # relative to the base tensor's data pointer, which already includes the base's offset
+        name, layout, base = self.data.storage_name(), self.layout, self.data.layout.offset
+        return lambda idx: ops.load(name, layout.index(idx) - base)
 
 
 # --- the box lowerings pass around ----------------------------------------------------------------------
