@@ -33,6 +33,12 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):
             return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, ModularIndexing) and base.args[2].is_Integer and divisor.is_Integer:
+            v, d, m = base.args
+            if int(m) <= int(divisor):
+                return sympy.Integer(0)            # (v // d) % m < m <= divisor
+            if int(m) % int(divisor) == 0:
+                return ModularIndexing(v, d * divisor, m / divisor)
         # (a*d + b) // d == a + b // d when every term but b is a multiple of d
         if base.is_Add:
             whole, rest = [], []
@@ -58,6 +64,12 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if isinstance(base, ModularIndexing) and base.args[2].is_Integer and divisor.is_Integer \
+                and modulus.is_Integer and int(base.args[2]) % (int(divisor) * int(modulus)) == 0:
+            v, d, _ = base.args      # the inner modulus is a multiple of what the outer keeps
+            return ModularIndexing(v, d * divisor, modulus)
+        if isinstance(base, FloorDiv):
+            return ModularIndexing(base.args[0], base.args[1] * divisor, modulus)
         if base.is_Add:
             # terms that are multiples of divisor*modulus do not change the result
             keep = [t for t in base.args if not _is_multiple(t, divisor * modulus)]
@@ -186,6 +198,11 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
     """Merge floor/mod pieces of the same variable into fewer, wider ones. `ranges` is a tuple of
     (var, extent) pairs: ModularIndexing(v, d, m) with d*m >= extent(v) becomes FloorDiv(v, d)."""
     expr = sympy.sympify(expr)
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    # inside-out: the arguments of floor/mod first (views of views nest them)
+    expr = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)) and e.args[0].has(FloorDiv, ModularIndexing),
+                        lambda e: type(e)(simplify_index(e.args[0], ranges), *e.args[1:]))
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
     extents = dict(ranges)

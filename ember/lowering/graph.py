@@ -118,7 +118,11 @@ class GraphLowering(torch.fx.Interpreter):
             return
         h = record_loops(box.data.inner_fn, box.data.ranges)
         users = len(n.users)
-        if h.op_count > config.realize_max_ops or (users > 1 and h.op_count > config.inline_max_ops):
+        # a value read by several consumers is recomputed by each one it is inlined into: worth it
+        # while its body is cheap; one that reads many buffers (a residual stream) is stored once
+        reads = len({d.name for d in h.reads})
+        if h.op_count > config.realize_max_ops or (
+                users > 1 and (h.op_count > config.inline_max_ops or reads > config.inline_max_reads)):
             box.realize()
 
     def placeholder(self, target, args, kwargs):
@@ -199,9 +203,14 @@ def _sanitize(name: str) -> str:
     return out if not out[0].isdigit() else "_" + out
 
 
+# renamed in torch 2.13 (it answers False where a symbolic size leaves it undecided)
+_non_overlapping_and_dense = getattr(torch._prims_common, "is_non_overlapping_and_dense_or_false", None) or \
+    getattr(torch._prims_common, "is_non_overlapping_and_dense")
+
+
 def _is_dense(t: torch.Tensor) -> bool:
     try:
-        return bool(torch._prims_common.is_non_overlapping_and_dense(t)) and t.storage_offset() == 0
+        return bool(_non_overlapping_and_dense(t)) and t.storage_offset() == 0
     except Exception:
         return False
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Everything the lead checks on a GPU machine, in one command (through the device tool):
+#     bash scripts/gpu_check.sh
+# Logs and JSON results go to $OUT (./gpu_check_out when unset). Each step has its own time limit and the
+# whole run stays under ~9 minutes, so it fits one 10-minute device command; a failing or timed-out step
+# is recorded in $OUT/summary.txt and the next step still runs.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_check_out}"
+mkdir -p "$OUT"
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+: > "$OUT/summary.txt"
+
+# step NAME LIMIT_S CMD...: run CMD with stdout+stderr teed to $OUT/NAME.log, never longer than LIMIT_S
+# nor past the overall budget; record its exit status.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((BUDGET - SECONDS - 5))
+    if [ "$left" -lt 20 ]; then
+        echo "=== $name: skipped, time budget spent" | tee -a "$OUT/summary.txt"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (limit ${limit}s): $*"
+    local t0=$SECONDS rc
+    (set -o pipefail; timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log")
+    rc=$?
+    local verdict="ok"
+    [ "$rc" -ne 0 ] && verdict="FAILED (exit $rc)"
+    [ "$rc" -eq 124 ] && verdict="TIMED OUT after ${limit}s"
+    echo "=== $name: $verdict in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+    return 0
+}
+
+# The device has no network: no build isolation (it would fetch setuptools), and PYTHONPATH makes this
+# checkout the ember every step imports even if the editable install fails.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+step install 120 python -m pip install --no-deps --no-build-isolation -e . -q || true
+step versions 60 python -c "
+import torch, triton, platform
+print('python', platform.python_version(), '| torch', torch.__version__, '| triton', triton.__version__)
+print('cuda available:', torch.cuda.is_available(), '| cuda', torch.version.cuda)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print('gpu:', torch.cuda.get_device_name(), f'| {p.total_memory / 2**30:.0f} GiB | sm_{p.major}{p.minor}')
+" || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/nvidia-smi.log" || true
+
+# xdist when present: the tests are compile-bound (CPU), so workers help even on one GPU
+XDIST=""
+python -c "import xdist" 2>/dev/null && XDIST="-n 4"
+if python -c "import pytest" 2>/dev/null; then
+    EMBER_TEST_DEVICE=cuda step tests 220 python -m pytest -q -x $XDIST tests || true
+else
+    echo "=== tests: skipped, pytest is not installed on this machine" | tee -a "$OUT/summary.txt"
+fi
+step demo 90 python -m ember.cli demo --device cuda || true
+step kernels 150 python benchmarks/kernels.py --backends eager,inductor,ember --out "$OUT/kernels.json" || true
+if [ -f .devbench/anchor_kernels.py ]; then
+    step anchor 150 python .devbench/anchor_kernels.py --backends eager,inductor,ember --out "$OUT/anchor.json" || true
+else
+    echo "=== anchor: skipped, .devbench/anchor_kernels.py is not in this checkout" | tee -a "$OUT/summary.txt"
+fi
+
+echo
+echo "=== summary ($SECONDS s in all; logs in $OUT)"
+cat "$OUT/summary.txt"
