@@ -84,21 +84,26 @@ class ArgRegistry:
         self.inputs: dict[str, str] = {}
         self.outputs: dict[str, str] = {}
         self.sizes: dict[sympy.Symbol, str] = {}
+        self._count = {"in_ptr": 0, "out_ptr": 0, "in_out_ptr": 0}
+
+    def _new(self, kind: str) -> str:
+        self._count[kind] += 1
+        return f"{kind}{self._count[kind] - 1}"
 
     def input(self, name: str) -> str:
         if name in self.outputs:
             return self.outputs[name]
         if name not in self.inputs:
-            self.inputs[name] = f"in_ptr{len(self.inputs)}"
+            self.inputs[name] = self._new("in_ptr")
         return self.inputs[name]
 
     def output(self, name: str) -> str:
         if name in self.inputs:
-            # read and written: one in_out pointer
-            ptr = self.inputs.pop(name)
-            self.outputs[name] = ptr.replace("in_ptr", "in_out_ptr")
+            # read and written: one in_out pointer (decided before any code names the pointer)
+            self.inputs.pop(name)
+            self.outputs[name] = self._new("in_out_ptr")
         if name not in self.outputs:
-            self.outputs[name] = f"out_ptr{len(self.outputs)}"
+            self.outputs[name] = self._new("out_ptr")
         return self.outputs[name]
 
     def size(self, sym: sympy.Symbol) -> str:
