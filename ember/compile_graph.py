@@ -5,7 +5,8 @@
     lower                lowering/graph.py       FX nodes -> loop IR (Pointwise, Reduction, buffers)
     schedule + fuse      schedule/               buffers -> fused groups in execution order
     generate code        codegen/program.py      groups -> kernels + Wrapper IR
-    render + load        codegen/wrapper/        Wrapper IR -> Python `call(args)` with kernels loaded
+    render + load        codegen/wrapper/        Wrapper IR -> Python `call(args)` (or an FX GraphModule,
+                                                 config.wrapper="fx") with kernels loaded
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Callable
 import torch
 import torch.fx
 
-from . import config, metrics
+from . import config, metrics, state
 from .debug.dump import DebugDump
 from .debug.irprint import describe_buffers, describe_groups
 
@@ -115,16 +116,21 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     dump.write("post_grad_graph.txt", lambda: gm.print_readable(print_output=False))
 
     lowering = GraphLowering(gm)
-    lowering.run(*_placeholder_values(gm, example_inputs))
-    dump.write("ir_pre_fusion.txt", lambda: describe_buffers(lowering.buffers))
+    with state.bind(state.graph, lowering):   # size hints and buffer lookups, for every stage below
+        lowering.run(*_placeholder_values(gm, example_inputs))
+        dump.write("ir_pre_fusion.txt", lambda: describe_buffers(lowering.buffers))
 
-    nodes = build_nodes(lowering.buffers)
-    groups = Fusion(nodes, _nbytes(lowering)).run()
-    dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
+        nodes = build_nodes(lowering.buffers)
+        groups = Fusion(nodes, _nbytes(lowering)).run()
+        dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
-    builder = ProgramBuilder(lowering, groups)
-    program = builder.build()
-    fn, source = compile_python(program)
+        builder = ProgramBuilder(lowering, groups)
+        program = builder.build()
+    if config.wrapper == "fx":
+        from .codegen.wrapper.fx import compile_fx
+        fn, source = compile_fx(program)
+    else:
+        fn, source = compile_python(program)
     dump.write("wrapper.py", source)
     dump.write("kernels.py", "\n\n".join(k.source for k in program.kernels()))
     metrics.graphs_compiled += 1

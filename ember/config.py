@@ -32,6 +32,9 @@ class Config:
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "triton"))
     # Wrapper renderer: "python" source.
     wrapper: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_WRAPPER", "python"))
+    # With wrapper="fx": the FxWrapper subclass that compiles the rendered GraphModule (None: FxWrapper,
+    # which runs it as is). Out-of-tree backends plug in here by overriding compile_graph(gm).
+    fx_wrapper_class: Any = None
     # Check the size and stride of every extern (ATen fallback) output at run time.
     check_extern_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_EXTERN_LAYOUTS", False))
     # Fusion switches.
@@ -40,10 +43,11 @@ class Config:
     # A pointwise value read by several consumers is recomputed by each (inlined) unless its body has
     # more than this many ops; then it is stored once and loaded.
     inline_max_ops: int = 24
+    inline_max_reads: int = 2
     # Any pointwise body larger than this is realized, to bound kernel size.
     realize_max_ops: int = 160
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
-    persistent_reduction_max: int = 4096
+    persistent_reduction_max: int = 16384
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)
     joint_passes: list = dataclasses.field(default_factory=list)

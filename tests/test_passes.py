@@ -1,0 +1,228 @@
+"""User FX passes at the pre-grad, joint and post-grad stages, and the pattern matcher (graph/pattern.py)
+replacing an RMSNorm subgraph with a custom op that runs as an ATen fallback."""
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember
+from ember.graph.pattern import Pattern, apply_patterns, register_replacement
+from ember.testing import check
+
+aten = torch.ops.aten
+EPS = 1e-6
+CALLS = {"rms_norm": 0}
+
+
+@torch.library.custom_op("ember_test::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    CALLS["rms_norm"] += 1
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@rms_norm.register_fake
+def _(x, w, eps):
+    return torch.empty_like(x)
+
+
+def rms_search(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+
+
+def rms_replace(x, w):
+    return torch.ops.ember_test.rms_norm(x, w, EPS)
+
+
+def rms_pattern(**kwargs):
+    return Pattern(rms_search, rms_replace, [torch.randn(4, 8), torch.randn(8)], **kwargs)
+
+
+def model(x, w, b):
+    h = rms_search(torch.relu(x + b), w)       # the subgraph, between ops ember fuses
+    return (h * 2).sum(-1), h.sigmoid()
+
+
+def _inputs(device="cpu"):
+    return torch.randn(6, 32, device=device), torch.randn(32, device=device), torch.randn(32, device=device)
+
+
+# -- user passes at each stage --------------------------------------------------------------------------
+
+def test_post_grad_pass_sees_forward_and_backward(device):
+    seen = []
+
+    def count(gm):
+        phs = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        seen.append(("backward" if any(p.startswith("tangents") for p in phs) else "forward",
+                     sum(n.op == "call_function" for n in gm.graph.nodes)))
+
+    with ember.config.patch(post_grad_passes=[count]):
+        check(lambda x, w: torch.tanh(x @ w).sum(-1), torch.randn(4, 8, device=device),
+              torch.randn(8, 5, device=device), grad=True)
+    assert sorted(kind for kind, _ in seen) == ["backward", "forward"]
+    assert all(n > 0 for _, n in seen)
+
+
+def test_pre_grad_and_joint_passes_see_their_graphs(device):
+    graphs = {}
+
+    def pre(gm):
+        graphs["pre_grad"] = gm
+
+    def joint(gm):
+        graphs["joint"] = gm
+
+    with ember.config.patch(pre_grad_passes=[pre], joint_passes=[joint]):
+        check(lambda x: torch.sin(x) * 3, torch.randn(5, 7, device=device), grad=True)
+    pre_targets = {n.target for n in graphs["pre_grad"].graph.nodes if n.op == "call_function"}
+    assert torch.sin in pre_targets                     # torch-level, before AOTAutograd
+    joint_nodes = list(graphs["joint"].graph.nodes)
+    assert any(n.target is aten.sin.default for n in joint_nodes)
+    assert any(n.op == "placeholder" and n.name.startswith("tangents") for n in joint_nodes)
+
+
+def test_a_pass_may_return_a_new_graph_module(device):
+    def swap_sin_for_cos(gm):
+        new = torch.fx.GraphModule(gm, gm.graph)
+        for n in new.graph.nodes:
+            if n.target is aten.sin.default:
+                n.target = aten.cos.default
+        new.recompile()
+        return new
+
+    x = torch.randn(5, 7, device=device)
+    with ember.config.patch(post_grad_passes=[swap_sin_for_cos]):
+        out = torch.compile(lambda a: torch.sin(a) + 1, backend="ember")(x)
+    torch.testing.assert_close(out, torch.cos(x) + 1)
+
+
+# -- the pattern matcher --------------------------------------------------------------------------------
+
+def test_rms_norm_pattern_in_post_grad(device):
+    pattern = rms_pattern()
+    CALLS["rms_norm"] = 0
+    with ember.config.patch(post_grad_passes=[pattern]):
+        check(model, *_inputs(device))
+    assert pattern.count == 1
+    assert CALLS["rms_norm"] == 1                       # the custom op ran, inside the compiled graph
+    assert ember.metrics.fallbacks["ember_test.rms_norm.default"] == 1
+    assert ember.metrics.generated_kernel_count >= 1    # the ops around it still became kernels
+
+
+def test_pattern_apply_counts_replacements():
+    def two_norms(x, y, w):
+        return rms_search(x, w) + rms_search(y.exp(), w)
+
+    gm = make_fx(two_norms, tracing_mode="fake")(torch.randn(3, 8), torch.randn(3, 8), torch.randn(8))
+    pattern = rms_pattern()
+    assert pattern.apply(gm) == 2
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.ember_test.rms_norm.default) == 2 and aten.rsqrt.default not in targets
+    new = [n for n in gm.graph.nodes if n.target is torch.ops.ember_test.rms_norm.default]
+    assert all(tuple(n.meta["val"].shape) == (3, 8) for n in new)   # metadata for lowering, right shapes
+    assert pattern.apply(gm) == 0
+    x, y, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    torch.testing.assert_close(gm(x, y, w), two_norms(x, y, w))
+
+
+def test_pattern_does_not_fire_on_other_literals(device):
+    pattern = rms_pattern()
+
+    def other_eps(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    with ember.config.patch(post_grad_passes=[pattern]):
+        check(other_eps, torch.randn(4, 16, device=device), torch.randn(16, device=device))
+    assert pattern.count == 0
+
+
+def test_pattern_skips_a_match_whose_inner_values_are_used_elsewhere(device):
+    pattern = rms_pattern()
+
+    def leaky(x, w):
+        ms = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(ms + EPS) * w, ms
+    with ember.config.patch(post_grad_passes=[pattern]):
+        check(leaky, torch.randn(4, 16, device=device), torch.randn(16, device=device))
+    assert pattern.count == 0
+
+
+def test_extra_check_can_veto(device):
+    seen = []
+
+    def only_wide(inputs):
+        seen.append(sorted(inputs))
+        return inputs["x"].meta["val"].shape[-1] >= 64
+
+    pattern = rms_pattern(extra_check=only_wide)
+    with ember.config.patch(post_grad_passes=[pattern]):
+        check(model, *_inputs(device))
+    assert pattern.count == 0 and seen == [["w", "x"]]
+
+
+def test_register_replacement_and_apply_patterns():
+    passes = []
+    p = register_replacement(rms_search, rms_replace, [torch.randn(2, 4), torch.randn(4)], passes)
+    assert passes == [p]
+    gm = make_fx(rms_search, tracing_mode="fake")(torch.randn(5, 8), torch.randn(8))
+    assert apply_patterns(gm, passes) == 1
+
+
+def test_pre_grad_pattern_traced_at_torch_level(device):
+    pattern = rms_pattern(trace="torch")
+    CALLS["rms_norm"] = 0
+    with ember.config.patch(pre_grad_passes=[pattern]):
+        check(model, *_inputs(device))
+    assert pattern.count == 1 and CALLS["rms_norm"] == 1
+
+
+def test_pattern_inputs_must_match():
+    with pytest.raises(ValueError, match="same inputs"):
+        Pattern(rms_search, lambda x: x * 2, [torch.randn(4, 8), torch.randn(8)], name="bad").apply(
+            make_fx(rms_search)(torch.randn(4, 8), torch.randn(8)))
+
+
+def test_replacement_with_a_constant_tensor(device):
+    def search(x):
+        return x.sin() * 2
+
+    def replace(x):
+        return x.cos() + torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)
+
+    pattern = Pattern(search, replace, [torch.randn(3, 4, device=device)])
+    x = torch.randn(5, 4, device=device)
+    with ember.config.patch(post_grad_passes=[pattern]):
+        out = torch.compile(lambda a: search(a) + 1, backend="ember")(x)
+    assert pattern.count == 1
+    torch.testing.assert_close(out, replace(x) + 1)
+
+
+def test_torch_level_patterns_must_take_the_same_inputs():
+    with pytest.raises(ValueError, match="same inputs"):
+        Pattern(rms_search, lambda x, w, z: x, [], trace="torch").apply(torch.fx.symbolic_trace(rms_search))
+
+
+def test_replacement_may_ignore_an_input():
+    def search(x, y):
+        return (x + y) * 0
+
+    def replace(x, y):
+        return torch.zeros_like(x)
+
+    gm = make_fx(lambda a, b: search(a, b).exp(), tracing_mode="fake")(torch.randn(4), torch.randn(4))
+    assert Pattern(search, replace, [torch.randn(4), torch.randn(4)]).apply(gm) == 1
+    torch.testing.assert_close(gm(torch.randn(4), torch.randn(4)), torch.ones(4))
+
+
+def test_extending_doc_snippets_run():
+    import os
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "extending.md")
+    with open(path) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) >= 5
+    namespace = {"__name__": "extending_doc"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/extending.md[block {i}]", "exec"), namespace)
+        except Exception as e:
+            raise AssertionError(f"docs/extending.md python block {i} failed: {type(e).__name__}: {e}") from e
