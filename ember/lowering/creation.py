@@ -1,13 +1,12 @@
-"""Tensors made from nothing: full, zeros/ones (decomposed to full), scalar_tensor, arange, iota."""
+"""Tensors made from nothing: full, zeros/ones (decomposed to full), empty, scalar_tensor, arange, iota."""
 from __future__ import annotations
 
 import sympy
 import torch
 
 from ..ir.nodes import TensorBox
-from ..ir.ops import ops
 from ..ir.symbolic import FloorDiv, sympify
-from .pointwise import scalar_value
+from .pointwise import index_value, scalar_value
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -61,6 +60,15 @@ def ones_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memor
     return constant_box(1, x.get_size(), dtype or x.dtype, device or x.device)
 
 
+@lower(aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default)
+def empty(size, *_layout, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Uninitialized memory may hold anything; zeros cost nothing unless read (a `*_like` of it reads only
+    its size). A graph output keeps the strides eager gives it (GraphLowering stores outputs that way)."""
+    if layout not in (None, torch.strided):
+        raise Unsupported(f"layout {layout}")
+    return constant_box(0, size, dtype or torch.get_default_dtype(), device)
+
+
 @lower(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
     start, end, step = {1: lambda: (0, args[0], 1), 2: lambda: (args[0], args[1], 1),
@@ -75,12 +83,12 @@ def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
     length = sympy.simplify(length)
 
     def inner_fn(idx):
-        return ops.index_expr(start + idx[0] * step, dtype)
+        return index_value(start + idx[0] * step, dtype)
     return TensorBox.pointwise(_device(device), dtype, inner_fn, [length])
 
 
 @lower(prims.iota.default)
 def iota(length, *, start, step, dtype, device, requires_grad=False):
     return TensorBox.pointwise(_device(device), dtype,
-                               lambda idx: ops.index_expr(sympify(start) + idx[0] * sympify(step), dtype),
+                               lambda idx: index_value(sympify(start) + idx[0] * sympify(step), dtype),
                                [sympify(length)])

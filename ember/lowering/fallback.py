@@ -1,7 +1,11 @@
 """ATen fallbacks: an op with no lowering becomes an ExternKernel, a call to ATen from the wrapper.
 
-Tensor arguments are realized (stored) first; the output's layout is the fake tensor's (which is what
-ATen's meta functions promise); a tuple result becomes one MultiOutput buffer per tensor.
+Tensor arguments are realized (stored) first, with the strides eager gives them where those are dense
+(the FX node's fake tensor), so the ATen op sees what it would see eagerly. The output's layout is what
+the op really returns for the layouts its inputs really have: the op is run on meta tensors with those
+layouts (an output's strides may follow its input's, e.g. sort or flip of a transposed tensor); where
+that cannot be done (symbolic sizes, no meta kernel) it is the fake tensor's. A tuple result becomes one
+MultiOutput buffer per tensor.
 """
 from __future__ import annotations
 
@@ -9,18 +13,37 @@ import torch
 import torch.fx
 
 from .. import metrics, state
-from ..ir.nodes import ExternKernel, Layout, MultiOutput, ReinterpretView, TensorBox
+from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, Layout, Loops, MultiOutput, ReinterpretView, TensorBox
 from ..ir.symbolic import sympify
 
 aten = torch.ops.aten
 
 
-def realize_arg(a):
+def realize_arg(a, meta=None):
+    """Store a (with the dense strides of `meta`, its fake tensor, when it is not stored yet)."""
     if isinstance(a, TensorBox):
+        if isinstance(a.data, Loops) and _dense_like(meta, a):
+            layout = Layout(a.device, a.dtype, list(a.get_size()), [sympify(s) for s in meta.stride()])
+            a.data = state.current_graph().register_buffer(ComputedBuffer(None, layout, a.data))
         return a.realize()
     if isinstance(a, (list, tuple)):
-        return type(a)(realize_arg(b) for b in a)
+        metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
+        return type(a)(realize_arg(b, m) for b, m in zip(a, metas))
     return a
+
+
+def _dense_like(meta, box) -> bool:
+    from .graph import _is_dense
+    return isinstance(meta, torch.Tensor) and _is_dense(meta) and meta.dim() == box.dim() and \
+        [sympify(s) for s in meta.shape] == list(box.get_size())
+
+
+def _meta_of(a):
+    if isinstance(a, torch.fx.Node):
+        return a.meta.get("val")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_meta_of(b) for b in a)
+    return None
 
 
 def _mutated_args(op, args, kwargs) -> list:
@@ -42,29 +65,81 @@ def fallback(op, args, kwargs, node: torch.fx.Node):
     for m in mutated:
         if not m.is_realized() or isinstance(m.data, ReinterpretView):
             raise NotImplementedError(f"{op} mutates a value that is not a stored buffer")
-    ir_args = realize_arg(list(args))
-    ir_kwargs = {k: realize_arg(v) for k, v in kwargs.items()}
+    arg_metas = _meta_of(list(node.args)) if node is not None else []
+    if len(arg_metas) != len(args):
+        arg_metas = [None] * len(args)
+    ir_args = [realize_arg(a, m) for a, m in zip(args, arg_metas)]
+    ir_kwargs = {k: realize_arg(v, _meta_of(node.kwargs.get(k)) if node is not None else None)
+                 for k, v in kwargs.items()}
     metrics.fallbacks[str(op)] += 1
     val = node.meta.get("val") if node is not None else None
+    spec = _layouts(val, _run_on_meta(op, ir_args, ir_kwargs))
     mutated_names = [m.data.get_name() for m in mutated]
-    if isinstance(val, torch.Tensor):
-        kernel = g.register_buffer(ExternKernel(None, Layout.from_tensor(val), op, ir_args, ir_kwargs, mutated_names))
-        return TensorBox(kernel)
+    if isinstance(spec, Layout):
+        return TensorBox(g.register_buffer(ExternKernel(None, spec, op, ir_args, ir_kwargs, mutated_names)))
     kernel = g.register_buffer(ExternKernel(None, None, op, ir_args, ir_kwargs, mutated_names))
-    if isinstance(val, (list, tuple)):
-        return _multi_outputs(g, kernel, val, ())
+    if isinstance(spec, (list, tuple)):
+        return _multi_outputs(g, kernel, spec, ())
     return None
 
 
-def _multi_outputs(g, kernel, val, path):
+def _meta_tensor(x):
+    """An empty meta tensor with the IR node's layout (TypeError where a size is symbolic)."""
+    l = x.layout
+    size, stride, offset = [int(s) for s in l.size], [int(s) for s in l.stride], int(l.offset)
+    extent = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1 if all(size) else offset
+    return torch.empty(max(extent, 1), dtype=l.dtype, device="meta").as_strided(size, stride, offset)
+
+
+def _run_on_meta(op, ir_args, ir_kwargs):
+    """The op's outputs for meta inputs with the layouts its inputs really have (None if it can't run)."""
+    found = []
+
+    def convert(a):
+        if isinstance(a, (Buffer, ReinterpretView)) and a.layout is not None:
+            found.append(a)
+            return _meta_tensor(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(convert(b) for b in a)
+        if isinstance(a, torch.device):
+            return torch.device("meta")
+        return a
+
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        with unset_fake_temporarily():
+            margs = [convert(a) for a in ir_args]
+            mkwargs = {k: convert(v) for k, v in ir_kwargs.items()}
+            return op(*margs, **mkwargs) if found else None
+    except Exception:
+        return None
+
+
+def _layouts(val, out):
+    """`val` (the node's fake outputs) with each tensor replaced by its Layout: the fake tensor's, with the
+    strides and offset of `out` (the meta run) where that ran and agrees on the size."""
+    if isinstance(val, torch.Tensor):
+        layout = Layout.from_tensor(val)
+        if isinstance(out, torch.Tensor) and out.device.type == "meta" and \
+                [sympify(s) for s in out.shape] == list(layout.size):
+            layout = Layout(layout.device, layout.dtype, layout.size, [sympify(s) for s in out.stride()],
+                            sympify(out.storage_offset()))
+        return layout
+    if isinstance(val, (list, tuple)):
+        outs = out if isinstance(out, (list, tuple)) and len(out) == len(val) else [None] * len(val)
+        return type(val)(_layouts(v, o) for v, o in zip(val, outs))
+    return val
+
+
+def _multi_outputs(g, kernel, spec, path):
     out = []
-    for i, v in enumerate(val):
-        if isinstance(v, torch.Tensor):
-            out.append(TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(v), kernel, path + (i,)))))
+    for i, v in enumerate(spec):
+        if isinstance(v, Layout):
+            out.append(TensorBox(g.register_buffer(MultiOutput(None, v, kernel, path + (i,)))))
         elif isinstance(v, (list, tuple)):
             out.append(_multi_outputs(g, kernel, v, path + (i,)))
         elif isinstance(v, torch.SymInt):
             out.append(sympify(v))
         else:
             out.append(v)
-    return tuple(out) if isinstance(val, tuple) else out
+    return tuple(out) if isinstance(spec, tuple) else out

@@ -55,6 +55,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.symbol_hints: dict[sympy.Symbol, int] = {}
         self.device_types: set[str] = set()
         self.current_node: torch.fx.Node | None = None
+        self.pending_mutations: list = []      # (input buffer, TensorBox of its new value): see mutation.py
         self._ids = 0
 
     # -- bookkeeping --------------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class GraphLowering(torch.fx.Interpreter):
         raise Unsupported(f"call_function target {target} is not an ATen op")
 
     def output(self, target, args, kwargs):
+        from .mutation import flush_mutations
         result = args[0]
         outs = result if isinstance(result, (list, tuple)) else [result]
         vals = self.current_node.args[0]
@@ -183,19 +185,74 @@ class GraphLowering(torch.fx.Interpreter):
         for out, fx_val in zip(outs, vals):
             if isinstance(out, TensorBox):
                 meta = fx_val.meta.get("val") if isinstance(fx_val, torch.fx.Node) else None
+                if isinstance(out.data, Loops) and isinstance(meta, torch.Tensor) and not _is_dense(meta):
+                    out = self._as_view_of_stored_base(fx_val, meta) or out
                 self.outputs.append(self._realize_output(out, meta))
             else:
                 self.outputs.append(out)
+        flush_mutations(self)       # writes into inputs land after every read of their old values
         return result
+
+    def _as_view_of_stored_base(self, node: torch.fx.Node, meta: torch.Tensor):
+        """An output that eager returns as a view of an intermediate (a slice with an offset, a strided
+        select ...) is returned as that same view of the intermediate, stored with eager's layout: a
+        backward graph that reads it was compiled for exactly that size, stride and offset. The base is
+        stored and the chain of view ops from it replayed on the stored buffer. None where that does
+        not give eager's layout."""
+        chain = []
+        while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
+                (node.target in _VIEW_OPS or _is_split_item(node)):
+            chain.append(node)
+            node = node.args[0].args[0] if _is_split_item(node) else node.args[0]
+        base = self.env.get(node) if isinstance(node, torch.fx.Node) else None
+        base_meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not chain or not isinstance(base, TensorBox) or not isinstance(base.data, Loops) or \
+                not isinstance(base_meta, torch.Tensor) or not _is_dense(base_meta) or \
+                base_meta.dim() != base.dim():
+            return None
+        base.data = self.register_buffer(ComputedBuffer(
+            None, Layout(base.device, base.dtype, list(base.get_size()), [sympify(s) for s in base_meta.stride()]),
+            base.data))
+        value = base
+        try:
+            for n in reversed(chain):
+                if _is_split_item(n):
+                    split_node = n.args[0]
+                    args = [value] + list(self.map_nodes_to_values(split_node.args[1:], split_node))
+                    value = get_lowering(split_node.target)(*args, **self.map_nodes_to_values(split_node.kwargs, n))[n.args[1]]
+                else:
+                    args = [value] + list(self.map_nodes_to_values(n.args[1:], n))
+                    value = get_lowering(n.target)(*args, **self.map_nodes_to_values(n.kwargs, n))
+        except Exception:
+            return None
+        want = Layout.from_tensor(meta)
+        got = value.data.layout if isinstance(value, TensorBox) and isinstance(value.data, ReinterpretView) else None
+        if got is None or list(got.size) != list(want.size) or got.offset != want.offset or \
+                any(n != 1 and a != b for n, a, b in zip(want.size, got.stride, want.stride)):
+            return None
+        return value
 
     def _realize_output(self, box: TensorBox, meta) -> IRNode:
         if isinstance(box.data, Loops):
-            # store outputs with eager's strides when those are dense, so users see the same layout
+            # store outputs with eager's strides, so users see the same layout, and so does a backward
+            # graph that reads a saved output: it was compiled for the fake tensor's strides. A view
+            # (strides with gaps) is stored with its strides too, where it starts at offset 0.
             layout = Layout.contiguous(box.device, box.dtype, box.get_size())
-            if isinstance(meta, torch.Tensor) and _is_dense(meta) and len(meta.shape) == len(layout.size):
+            if isinstance(meta, torch.Tensor) and len(meta.shape) == len(layout.size) and \
+                    (_is_dense(meta) or _is_non_overlapping(meta)):
                 layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
             box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
         return box.data
+
+
+_VIEW_OPS = {aten.slice.Tensor, aten.select.int, aten.permute.default, aten.transpose.int, aten.t.default,
+             aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+             aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.alias.default}
+
+
+def _is_split_item(node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) \
+        and node.args[0].target in (aten.split.Tensor, aten.split_with_sizes.default)
 
 
 def _sanitize(name: str) -> str:
@@ -213,6 +270,20 @@ def _is_dense(t: torch.Tensor) -> bool:
         return bool(_non_overlapping_and_dense(t)) and t.storage_offset() == 0
     except Exception:
         return False
+
+
+def _is_non_overlapping(t: torch.Tensor) -> bool:
+    """Static strides, offset 0, and no two elements at one address (gaps allowed)."""
+    vals = list(t.shape) + list(t.stride()) + [t.storage_offset()]
+    if not all(type(v) is int for v in vals) or t.storage_offset() != 0:
+        return False          # symbolic: asking would add a guard
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
+    reach = 1
+    for st, n in dims:
+        if st < reach:
+            return False
+        reach = st * n
+    return True
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

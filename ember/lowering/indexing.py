@@ -39,6 +39,8 @@ def gather(x, dim, index, *, sparse_grad=False):
 @lower(aten.index_select.default)
 def index_select(x, dim, index):
     _index_dtype_ok(index)
+    if not x.dim():
+        raise Unsupported("index_select of a 0-dim tensor")
     dim = _dim(dim, x.dim())
     xl, il = x.make_loader(), index.make_loader()
     out = list(x.get_size())

@@ -75,12 +75,37 @@ def scalar_value(x, dtype):
     if isinstance(x, sympy.Expr):
         if x.is_Integer:
             return ops.constant(int(x), dtype)
-        return ops.index_expr(x, dtype)
+        if x.is_Number:
+            return ops.constant(float(x), dtype)
+        if x.is_integer is False:
+            raise Unsupported(f"non-integer size expression {x}")
+        return index_value(x, dtype)
     return ops.constant(x, dtype)
 
 
+def index_value(expr, dtype):
+    """ops value of an integer index expression, as dtype (to a narrow float through int64, as casts go)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return cast(ops.index_expr(expr, torch.int64), torch.int64, dtype)
+    return ops.index_expr(expr, dtype)
+
+
 def cast(value, src, dst):
-    return value if src == dst else ops.to_dtype(value, dst, src)
+    if src == dst:
+        return value
+    if dst in (torch.float16, torch.bfloat16) and not src.is_floating_point:
+        # eager converts integers to a narrow float through float32 (c10::convert)
+        value, src = ops.to_dtype(value, torch.float32, src), torch.float32
+    return ops.to_dtype(value, dst, src)
+
+
+def single_device(tensors):
+    """The device all tensors are on. Eager also takes a 0-dim CPU tensor with CUDA ones (read as a
+    scalar); a kernel cannot load it, so that case runs as an ATen fallback."""
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise Unsupported("tensors on several devices")
+    return next(iter(devices))
 
 
 def device_of(args):
@@ -95,9 +120,7 @@ def pointwise(fn, *args, kind=KIND.DEFAULT, out_dtype=None, compute_dtype=None):
     tensors = [a for a in args if is_tensor(a)]
     if not tensors:
         raise Unsupported("pointwise op without tensor args")
-    devices = {t.device for t in tensors if t.dim() > 0} or {tensors[0].device}
-    if len(devices) > 1:
-        raise Unsupported("tensors on several devices")
+    device = single_device(tensors)
     compute, result = promote(args, kind)
     compute = compute_dtype or compute
     result = out_dtype or result
@@ -109,7 +132,7 @@ def pointwise(fn, *args, kind=KIND.DEFAULT, out_dtype=None, compute_dtype=None):
                 (None if l is None else scalar_value(l, compute)) for l in loaders]
         return cast(fn(*vals), _fn_dtype(kind, compute), result)
 
-    return TensorBox.pointwise(next(iter(devices)), result, inner_fn, size)
+    return TensorBox.pointwise(device, result, inner_fn, size)
 
 
 def _fn_dtype(kind, compute):
@@ -165,10 +188,20 @@ def round_(x):
 
 
 @lower(aten.round.decimals)
-def round_decimals(x, decimals=0):
-    scale = 10.0 ** decimals
-    return pointwise(lambda v: ops.truediv(ops.round(ops.mul(v, ops.constant(scale, torch.float32))),
-                                           ops.constant(scale, torch.float32)), x)
+def round_decimals(x, *, decimals=0):
+    if not x.dtype.is_floating_point:
+        raise Unsupported("round with decimals of an integer tensor")
+    if decimals == 0:
+        return round_(x)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scale = float(10 ** abs(decimals))
+
+    def fn(v):
+        c = ops.constant(scale, compute)
+        if decimals < 0:  # as eager: nearbyint(x / 10^-d) * 10^-d
+            return ops.mul(ops.round(ops.truediv(v, c)), c)
+        return ops.truediv(ops.round(ops.mul(v, c)), c)
+    return pointwise(fn, x)
 
 
 @lower(aten.bitwise_not)
@@ -195,33 +228,71 @@ def _binary(name):
     return lambda a, b: getattr(ops, name)(a, b)
 
 
-def _alpha(fn):
-    def lowering(a, b, *, alpha=None):
+def _alpha(name, bool_name=None):
+    """add/sub with `alpha` (a keyword of the .Tensor overloads, positional in the .Scalar ones)."""
+    def lowering(a, b, alpha=None):
+        compute, _ = promote([a, b])
+        if compute == torch.bool:
+            if bool_name is None or alpha not in (None, 1, True):
+                raise Unsupported(f"{name} of booleans")
+            return pointwise(_binary(bool_name), a, b)
         if alpha is None or alpha == 1:
-            return pointwise(fn, a, b)
-        return pointwise(lambda x, y, al: fn(x, ops.mul(y, al)), a, b, alpha)
+            return pointwise(_binary(name), a, b)
+        return pointwise(lambda x, y, al: getattr(ops, name)(x, ops.mul(y, al)), a, b, alpha)
     return lowering
 
 
-lower(aten.add.Tensor, aten.add.Scalar)(_alpha(_binary("add")))
-lower(aten.sub.Tensor, aten.sub.Scalar)(_alpha(_binary("sub")))
+lower(aten.add.Tensor, aten.add.Scalar)(_alpha("add", "logical_or"))
+lower(aten.sub.Tensor, aten.sub.Scalar)(_alpha("sub"))
 
 
 @lower(aten.rsub.Tensor, aten.rsub.Scalar)
-def rsub(a, b, *, alpha=None):
-    return _alpha(_binary("sub"))(b, a, alpha=alpha) if is_tensor(b) else \
-        pointwise(lambda x, y: ops.sub(y, x) if alpha in (None, 1) else ops.sub(y, ops.mul(x, ops.constant(alpha, torch.float32))), a, b)
+def rsub(a, b, alpha=None):
+    """b - alpha * a (b may be a python scalar)."""
+    if alpha is None or alpha == 1:
+        return pointwise(lambda x, y: ops.sub(y, x), a, b)
+    return pointwise(lambda x, y, al: ops.sub(y, ops.mul(x, al)), a, b, alpha)
 
 
-register_pointwise(aten.mul.Tensor, _binary("mul"))
-register_pointwise(aten.mul.Scalar, _binary("mul"))
+@lower(aten.mul.Tensor, aten.mul.Scalar)
+def mul(a, b):
+    compute, _ = promote([a, b])
+    return pointwise(_binary("logical_and" if compute == torch.bool else "mul"), a, b)
+
+
 for _op, _name in {aten.maximum: "maximum", aten.minimum: "minimum", aten.atan2: "atan2", aten.hypot: "hypot",
                    aten.copysign: "copysign", aten.fmod: "fmod", aten.remainder: "remainder",
-                   aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or", aten.bitwise_xor: "bitwise_xor",
-                   aten.bitwise_left_shift: "bitwise_left_shift",
-                   aten.bitwise_right_shift: "bitwise_right_shift"}.items():
+                   aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+                   aten.bitwise_xor: "bitwise_xor"}.items():
     kind = KIND.INT_TO_FLOAT if _name in ("atan2", "hypot", "copysign") else KIND.DEFAULT
     register_pointwise(_op, _binary(_name), kind=kind)
+
+
+def _shift(left: bool):
+    """Eager's shifts: a shift by a negative amount or by >= the bit width gives 0 (left) or the sign
+    fill a >> (bits - 1) (right); Triton leaves those undefined."""
+    def fn(x, y, dtype):
+        bits = ops.constant(torch.iinfo(dtype).bits, dtype)
+        zero = ops.constant(0, dtype)
+        bad = ops.ge(y, bits)
+        if dtype.is_signed:
+            bad = ops.logical_or(bad, ops.lt(y, zero))
+        safe = ops.where(bad, zero, y)
+        if left:
+            return ops.where(bad, zero, ops.bitwise_left_shift(x, safe))
+        fill = ops.bitwise_right_shift(x, ops.constant(torch.iinfo(dtype).bits - 1, dtype))
+        return ops.where(bad, fill, ops.bitwise_right_shift(x, safe))
+
+    def lowering(a, b):
+        compute, _ = promote([a, b])
+        if compute.is_floating_point or compute == torch.bool:
+            raise Unsupported(f"shift of {compute}")
+        return pointwise(lambda x, y: fn(x, y, compute), a, b)
+    return lowering
+
+
+lower(aten.bitwise_left_shift, aten.__lshift__.Tensor, aten.__lshift__.Scalar)(_shift(True))
+lower(aten.bitwise_right_shift, aten.__rshift__.Tensor, aten.__rshift__.Scalar)(_shift(False))
 
 for _op, _name in {aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le", aten.gt: "gt", aten.ge: "ge",
                    aten.logical_and: "logical_and", aten.logical_or: "logical_or",
@@ -240,14 +311,44 @@ def div_mode(a, b, *, rounding_mode=None):
         return div(a, b)
     compute, result = promote([a, b])
     if rounding_mode == "floor":
-        return pointwise(ops.floordiv, a, b)
+        return floor_divide(a, b)
+    if rounding_mode != "trunc":
+        raise Unsupported(f"rounding_mode={rounding_mode!r}")
     if compute.is_floating_point:
-        return pointwise(lambda x, y: ops.trunc(ops.truediv(x, y)), a, b)
+        def fn(x, y):
+            q = ops.truediv(x, y)
+            if compute in (torch.float16, torch.bfloat16):
+                # eager rounds the quotient to the narrow dtype before truncating (Half / Half is a Half);
+                # inside kernels narrow values are float32, so round explicitly
+                q = ops.to_dtype(q, compute, torch.float32)
+            return ops.trunc(q)
+        return pointwise(fn, a, b)
     raise Unsupported("integer division with rounding_mode='trunc'")
+
+
+def _floordiv_float(x, y, dtype):
+    """Python's (and eager's) floor division of floats: c10::div_floor_floating. floor(x / y) is not it:
+    1.0 // 0.1 is 9.0 while 1.0 / 0.1 rounds to 10.0."""
+    zero, one = ops.constant(0.0, dtype), ops.constant(1.0, dtype)
+    mod = ops.fmod(x, y)
+    quot = ops.truediv(ops.sub(x, mod), y)
+    fix = ops.logical_and(ops.ne(mod, zero), ops.ne(ops.lt(y, zero), ops.lt(mod, zero)))
+    quot = ops.where(fix, ops.sub(quot, one), quot)
+    fl = ops.floor(quot)
+    fl = ops.where(ops.gt(ops.sub(quot, fl), ops.constant(0.5, dtype)), ops.add(fl, one), fl)
+    true_quot = ops.truediv(x, y)
+    fl = ops.where(ops.ne(quot, zero), fl, ops.mul(true_quot, zero))  # a signed zero, as copysign(0, x / y)
+    return ops.where(ops.eq(y, zero), true_quot, fl)
 
 
 @lower(aten.floor_divide)
 def floor_divide(a, b):
+    compute, _ = promote([a, b])
+    if compute == torch.bool:
+        raise Unsupported("floor division of booleans")
+    if compute.is_floating_point:
+        # halves are divided in float32 and rounded once, as eager's div_floor for reduced floats does
+        return pointwise(lambda x, y: _floordiv_float(x, y, compute), a, b)
     return pointwise(ops.floordiv, a, b)
 
 
@@ -289,7 +390,7 @@ def where(cond, a, b):
         c = cast(cl(idx), cond.dtype, torch.bool)
         return ops.where(c, value(loaders[0], idx), value(loaders[1], idx))
 
-    return TensorBox.pointwise(device_of([cond, a, b]), result, inner_fn, size)
+    return TensorBox.pointwise(single_device([t for t in (cond, a, b) if is_tensor(t)]), result, inner_fn, size)
 
 
 def _clamp_fn(lo, hi):
@@ -321,6 +422,9 @@ def clamp_max(x, max):
 
 @lower(aten.hardtanh.default)
 def hardtanh(x, min_val=-1.0, max_val=1.0):
+    if not x.dtype.is_floating_point:
+        # eager keeps the integer dtype and converts the bounds to it (truncating)
+        min_val, max_val = int(min_val), int(max_val)
     return clamp(x, min_val, max_val)
 
 
@@ -377,18 +481,20 @@ def addcdiv(x, a, b, *, value=1):
 
 
 @lower(aten.nan_to_num.default)
-def nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
     if not x.dtype.is_floating_point:
         return pointwise(lambda v: v, x)
     info = torch.finfo(x.dtype)
+    nan = 0.0 if nan is None else nan
     posinf = info.max if posinf is None else posinf
     neginf = info.min if neginf is None else neginf
+    dtype = x.dtype
 
     def fn(v):
-        f32 = torch.float32
-        v = ops.where(ops.isnan(v), ops.constant(nan, f32), v)
-        v = ops.where(ops.logical_and(ops.isinf(v), ops.gt(v, ops.constant(0, f32))), ops.constant(posinf, f32), v)
-        return ops.where(ops.logical_and(ops.isinf(v), ops.lt(v, ops.constant(0, f32))), ops.constant(neginf, f32), v)
+        zero = ops.constant(0, dtype)
+        v = ops.where(ops.isnan(v), ops.constant(nan, dtype), v)
+        v = ops.where(ops.logical_and(ops.isinf(v), ops.gt(v, zero)), ops.constant(posinf, dtype), v)
+        return ops.where(ops.logical_and(ops.isinf(v), ops.lt(v, zero)), ops.constant(neginf, dtype), v)
     return pointwise(fn, x)
 
 

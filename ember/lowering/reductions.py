@@ -38,6 +38,9 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
     rranges = [size[i] for i in dims]
     loader, xdtype = x.make_loader(), x.dtype
     src_dtype = src_dtype or xdtype
+    if product(rranges) == 1:
+        box = _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, ranges)
+        return _unsqueeze_all(box, dims) if keepdim else box
     split = _split_count(ranges, rranges, reduction_type)
     if split > 1:
         return _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim)
@@ -56,6 +59,27 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
         for d in dims:
             box = unsqueeze(box, d)
     return box
+
+
+def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, ranges):
+    """A reduction over a single element (size-1 dims, a 0-dim tensor) is a pointwise function of it."""
+    size, loader, xdtype = x.get_size(), x.make_loader(), x.dtype
+
+    def inner_fn(idx):
+        full = [sympy.Integer(0)] * len(size)
+        for pos, i in enumerate(kept):
+            full[i] = idx[pos]
+        v = cast(loader(full), xdtype, src_dtype)
+        if reduction_type in ("argmax", "argmin"):
+            return ops.constant(0, dtype)
+        if reduction_type == "welford" and output_index == 1:     # m2: 0, or nan for a nan/inf element
+            d = ops.sub(v, v)
+            return cast(ops.mul(d, d), src_dtype, dtype)
+        if reduction_type == "welford" and output_index == 2:     # weight
+            return ops.constant(1, dtype)
+        return cast(v, src_dtype, dtype)
+
+    return TensorBox.pointwise(x.device, dtype, inner_fn, ranges)
 
 
 # Few long rows leave most of a GPU idle (one program per row): reduce chunks of each row in a first
@@ -218,42 +242,46 @@ def welford(x, dims, keepdim):
 
 
 def _var_from(m2, n, correction):
-    denom = n - correction
-
-    def fn(v, d):
-        return ops.truediv(v, ops.maximum(d, ops.constant(0.0, torch.float32)))
-    return pointwise(fn, m2, denom if isinstance(denom, sympy.Expr) else sympify(denom))
+    """m2 / max(n - correction, 0), in m2's dtype (a float correction stays a float)."""
+    def fn(v, count, c):
+        return ops.truediv(v, ops.maximum(ops.sub(count, c), ops.constant(0.0, m2.dtype)))
+    return pointwise(fn, m2, sympify(n), float(correction), compute_dtype=m2.dtype)
 
 
 def _count(x, dims):
     return product(x.get_size()[d] for d in _dims(x, dims)) if x.dim() else sympy.Integer(1)
 
 
-@lower(aten.var.correction)
-def var(x, dims=None, *, correction=None, keepdim=False):
+def _var_std(x, dims, correction, keepdim, sqrt):
+    """(var or std, mean) in the accumulation dtype, each rounded once to x's dtype."""
     if not x.dtype.is_floating_point:
-        raise Unsupported("var of integers")
+        raise Unsupported("var/std of integers")
     correction = 1 if correction is None else correction
     mean_, m2, _ = welford(x, dims, keepdim)
-    return to_dtype(_var_from(m2, _count(x, dims), correction), x.dtype)
+    count = _count(x, dims)
+    if count == 0:     # the mean of nothing is nan (0 / 0), as in eager
+        mean_ = pointwise(lambda v: ops.constant(float("nan"), mean_.dtype), mean_)
+    v = _var_from(m2, count, correction)
+    if sqrt:
+        v = pointwise(ops.sqrt, v)
+    return to_dtype(v, x.dtype), to_dtype(mean_, x.dtype)
+
+
+@lower(aten.var.correction)
+def var(x, dims=None, *, correction=None, keepdim=False):
+    return _var_std(x, dims, correction, keepdim, sqrt=False)[0]
 
 
 @lower(aten.var_mean.correction)
 def var_mean(x, dims=None, *, correction=None, keepdim=False):
-    if not x.dtype.is_floating_point:
-        raise Unsupported("var_mean of integers")
-    correction = 1 if correction is None else correction
-    mean_, m2, _ = welford(x, dims, keepdim)
-    return to_dtype(_var_from(m2, _count(x, dims), correction), x.dtype), to_dtype(mean_, x.dtype)
+    return _var_std(x, dims, correction, keepdim, sqrt=False)
 
 
 @lower(aten.std.correction)
 def std(x, dims=None, *, correction=None, keepdim=False):
-    v = var(x, dims, correction=correction, keepdim=keepdim)
-    return pointwise(ops.sqrt, v)
+    return _var_std(x, dims, correction, keepdim, sqrt=True)[0]
 
 
 @lower(aten.std_mean.correction)
 def std_mean(x, dims=None, *, correction=None, keepdim=False):
-    v, m = var_mean(x, dims, correction=correction, keepdim=keepdim)
-    return pointwise(ops.sqrt, v), m
+    return _var_std(x, dims, correction, keepdim, sqrt=True)

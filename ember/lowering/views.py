@@ -5,7 +5,8 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..ir.nodes import Buffer, Layout, ReinterpretView, TensorBox
+from .. import state
+from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
 from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, simplify_index, sympify
 from .registry import Unsupported, lower
 
@@ -154,6 +155,43 @@ def slice_(x, dim=0, start=None, end=None, step=1):
     return make_view(x, size, layout_fn, reindex)
 
 
+@lower(aten.split_with_sizes.default, aten.split.Tensor)
+def split(x, sizes, dim=0):
+    """Slices of x along dim (split.Tensor's int is a chunk length; the last chunk may be shorter)."""
+    dim = _dim(dim, x.dim())
+    dimsize = x.get_size()[dim]
+    if not isinstance(sizes, (list, tuple)):
+        step = sympify(sizes)
+        if not (step.is_Integer and dimsize.is_Integer):
+            raise Unsupported("split into chunks of a symbolic size")
+        n, step = int(dimsize), int(step)
+        sizes = [min(step, n - i) for i in range(0, n, step)] if step > 0 else [n]
+    out, start = [], sympy.Integer(0)
+    for length in sizes:
+        end = start + sympify(length)
+        out.append(_slice_exact(x, dim, start, end))
+        start = end
+    return out
+
+
+def _slice_exact(x, dim, start, end):
+    """x[start:end] along dim, for bounds known to lie within the dimension."""
+    if start == 0 and end == x.get_size()[dim]:
+        return x
+    size = list(x.get_size())
+    size[dim] = end - start
+
+    def layout_fn(l):
+        return Layout(l.device, l.dtype, size, list(l.stride), l.offset + l.stride[dim] * start)
+
+    def reindex(idx):
+        idx = list(idx)
+        idx[dim] = idx[dim] + start
+        return idx
+
+    return make_view(x, size, layout_fn, reindex)
+
+
 def _clamp_index(i, size):
     if i.is_Integer and size.is_Integer:
         v, n = int(i), int(size)
@@ -203,7 +241,8 @@ def view(x, size):
     def layout_fn(l):
         if l.is_contiguous():
             return Layout(l.device, l.dtype, size, contiguous_strides(size), l.offset)
-        return None
+        strides = _view_strides(l.size, l.stride, size)
+        return None if strides is None else Layout(l.device, l.dtype, size, strides, l.offset)
 
     old_strides = contiguous_strides(old)
     new_strides = contiguous_strides(size)
@@ -223,6 +262,41 @@ def view(x, size):
     return make_view(x, size, layout_fn, reindex)
 
 
+def _view_strides(old_size, old_stride, new_size):
+    """Strides that view a strided layout as new_size without a copy, as eager's view does (ATen's
+    computeStride), or None where it must copy. Static sizes only (None for symbolic ones)."""
+    if not all(sympify(v).is_Integer for v in list(old_size) + list(old_stride) + list(new_size)):
+        return None
+    old_size, old_stride, new_size = [int(v) for v in old_size], [int(v) for v in old_stride], [int(v) for v in new_size]
+    if not old_size:
+        return [sympy.Integer(1)] * len(new_size)
+    numel = 1
+    for n in old_size:
+        numel *= n
+    if numel == 0:
+        return None
+    new_stride = [0] * len(new_size)
+    view_d = len(new_size) - 1
+    chunk_base_stride = old_stride[-1]
+    tensor_numel, view_numel = 1, 1
+    for tensor_d in range(len(old_size) - 1, -1, -1):
+        tensor_numel *= old_size[tensor_d]
+        if tensor_d == 0 or (old_size[tensor_d - 1] != 1 and
+                             old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_size[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_size[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = old_stride[tensor_d - 1]
+                tensor_numel, view_numel = 1, 1
+    if view_d != -1:
+        return None
+    return [sympy.Integer(v) for v in new_stride]
+
+
 @lower(aten.view.dtype)
 def view_dtype(x, dtype):
     raise Unsupported("view as another dtype")
@@ -235,14 +309,57 @@ def alias(x):
 
 @lower(aten.as_strided.default)
 def as_strided(x, size, stride, storage_offset=None):
+    """A view of x's *storage*. A graph input's storage is eager's; a computed value's storage in eager
+    is laid out as eager lays out that value (its fake tensor's strides), which need not be how ember
+    stored it. So: views of inputs read the input; a view of a computed value is taken of a buffer stored
+    with eager's layout, when eager's storage is exactly the value's own elements; anything else is an
+    error (the graph then runs eagerly) rather than a wrong answer."""
+    size, stride = [sympify(s) for s in size], [sympify(s) for s in stride]
     base = _strided_base(x)
-    if base is None:
-        x.realize()
-        base = _strided_base(x)
-    buf, layout = base
-    offset = layout.offset if storage_offset is None else sympify(storage_offset)
-    return TensorBox(ReinterpretView(buf, Layout(layout.device, layout.dtype, [sympify(s) for s in size],
-                                                 [sympify(s) for s in stride], offset)))
+    if base is not None and isinstance(base[0], InputBuffer):
+        buf, layout = base
+        offset = layout.offset if storage_offset is None else sympify(storage_offset)
+        return TensorBox(ReinterpretView(buf, Layout(layout.device, layout.dtype, size, stride, offset)))
+    meta = _input_meta(0)
+    offset = sympify(storage_offset if storage_offset is not None else 0)
+    if not _owns_its_storage(meta) or not _within(size, stride, offset, meta.numel()):
+        raise NotImplementedError("as_strided of a computed value whose eager storage is not its own elements")
+    want = [sympify(s) for s in meta.stride()]
+    d = x.data
+    if not (isinstance(d, Buffer) and d.layout is not None and list(d.layout.stride) == want
+            and d.layout.offset == 0 and isinstance(d, ComputedBuffer)):
+        loader = x.make_loader()
+        layout = Layout(x.device, x.dtype, list(x.get_size()), want)
+        d = state.current_graph().register_buffer(
+            ComputedBuffer(None, layout, Pointwise(x.device, x.dtype, loader, list(x.get_size()))))
+    return TensorBox(ReinterpretView(d, Layout(d.layout.device, d.layout.dtype, size, stride, offset)))
+
+
+def _input_meta(i):
+    node = state.current_graph().current_node
+    arg = node.args[i] if node is not None and len(node.args) > i else None
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+
+
+def _owns_its_storage(meta) -> bool:
+    from .graph import _is_dense
+    if not isinstance(meta, torch.Tensor) or not _is_dense(meta):
+        return False
+    try:
+        nbytes, numel = meta.untyped_storage().nbytes(), meta.numel()
+    except Exception:
+        return False
+    return isinstance(nbytes, int) and isinstance(numel, int) and nbytes == numel * meta.element_size()
+
+
+def _within(size, stride, offset, numel) -> bool:
+    try:
+        if any(int(n) == 0 for n in size):
+            return True
+        last = int(offset) + sum((int(n) - 1) * int(st) for n, st in zip(size, stride))
+        return int(offset) >= 0 and all(int(st) >= 0 for st in stride) and last < int(numel)
+    except TypeError:
+        return False
 
 
 @lower(aten.expand_copy.default, aten.permute_copy.default, aten.view_copy.default)
