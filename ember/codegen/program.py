@@ -127,6 +127,8 @@ class ProgramBuilder:
             return Name(a.get_name())
         if isinstance(a, (list, tuple)):
             return type(a)(self._arg(b) for b in a)
+        if isinstance(a, dict):
+            return {k: self._arg(v) for k, v in a.items()}
         if isinstance(a, torch.SymInt):
             return sympify(a)
         return a

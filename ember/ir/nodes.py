@@ -210,6 +210,9 @@ class ExternKernel(Buffer):
             elif isinstance(a, (list, tuple)):
                 for b in a:
                     visit(b)
+            elif isinstance(a, dict):
+                for b in a.values():
+                    visit(b)
 
         visit(self.args)
         visit(list(self.kwargs.values()))

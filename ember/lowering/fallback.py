@@ -143,3 +143,33 @@ def _multi_outputs(g, kernel, spec, path):
         else:
             out.append(v)
     return tuple(out) if isinstance(spec, tuple) else out
+
+
+def _realize_nested(a):
+    if isinstance(a, TensorBox):
+        return a.realize()
+    if isinstance(a, dict):
+        return {k: _realize_nested(v) for k, v in a.items()}
+    if isinstance(a, (list, tuple)):
+        return type(a)(_realize_nested(b) for b in a)
+    return a
+
+
+def fallback_higher_order(op, args, kwargs, node: torch.fx.Node):
+    """A higher-order op (a user's @triton.jit kernel: triton_kernel_wrapper_functional) runs as an
+    extern call from the wrapper; its dict of outputs becomes one MultiOutput per tensor."""
+    g = state.current_graph()
+    ir_args = [_realize_nested(a) for a in args]
+    ir_kwargs = {k: _realize_nested(v) for k, v in kwargs.items()}
+    metrics.fallbacks[str(getattr(op, "__name__", op))] += 1
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return TensorBox(g.register_buffer(ExternKernel(None, Layout.from_tensor(val), op, ir_args, ir_kwargs)))
+    kernel = g.register_buffer(ExternKernel(None, None, op, ir_args, ir_kwargs))
+    if isinstance(val, dict):
+        return {k: TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(v), kernel, (k,))))
+                if isinstance(v, torch.Tensor) else v for k, v in val.items()}
+    if isinstance(val, (list, tuple)):
+        return type(val)(TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(v), kernel, (i,))))
+                         if isinstance(v, torch.Tensor) else v for i, v in enumerate(val))
+    return None

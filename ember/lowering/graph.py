@@ -172,6 +172,9 @@ class GraphLowering(torch.fx.Interpreter):
                     pass
             from .fallback import fallback
             return fallback(target, args, kwargs, self.current_node)
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            from .fallback import fallback_higher_order
+            return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
             return target(*args)
         raise Unsupported(f"call_function target {target} is not an ATen op")

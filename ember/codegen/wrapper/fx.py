@@ -122,6 +122,8 @@ class FxRenderer:
             return [self.value(x) for x in v]
         if isinstance(v, tuple):
             return tuple(self.value(x) for x in v)
+        if isinstance(v, dict):
+            return {k: self.value(x) for k, x in v.items()}
         if isinstance(v, slice):
             return slice(self.value(v.start), self.value(v.stop), self.value(v.step))
         if isinstance(v, _LITERALS):

@@ -39,6 +39,8 @@ class PythonWrapper:
         if isinstance(v, (list, tuple)):
             inner = ", ".join(self.value(x) for x in v)
             return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+        if isinstance(v, dict) and all(isinstance(k, (str, int)) for k in v):
+            return "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.items()) + "}"
         if isinstance(v, torch.dtype):
             return str(v)
         if isinstance(v, torch.device):
@@ -91,7 +93,7 @@ class PythonWrapper:
             call = f"{op}({', '.join(args)})"
             return [f"{ln.name} = {call}" if ln.name else call]
         if isinstance(ln, MultiOutputLine):
-            return [f"{ln.name} = {ln.parent}" + "".join(f"[{i}]" for i in ln.path)]
+            return [f"{ln.name} = {ln.parent}" + "".join(f"[{i!r}]" for i in ln.path)]
         if isinstance(ln, View):
             return [f"{ln.name} = as_strided({ln.base}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.offset)})"]
         if isinstance(ln, Assert):
