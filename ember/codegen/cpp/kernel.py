@@ -1,0 +1,489 @@
+"""One fused group -> one C++ function: OpenMP threads over rows (`xindex`), SIMD within.
+
+The kernel is an ops handler like the Triton one: each node's `store_body` runs under it with the
+node's index in the kernel's flat `xindex` / `rindex`, and every op appends a typed statement. A
+pointwise kernel is one loop over xindex, split into chunks for threads with a `#pragma omp simd` loop
+inside each. A reduction kernel runs each row on one thread as a sequence of sections: a "loop" over
+the row, or straight-line ("flat") code for x-only nodes. A node that reads a reduction finished in
+the current loop starts the next loop.
+
+Reductions accumulate into LANES independent lanes (lane = rindex % LANES within a chunk) and combine
+the lanes after the loop: the lanes never depend on each other, so the row loop is legal to vectorize
+for every reduction type, NaN-propagating max and Welford included, without -ffast-math.
+
+When rows are read with a stride (column sums: `a.sum(0)`) or are shorter than a vector, the kernel
+runs "x-lanes" instead: each thread takes blocks of XLANES consecutive rows, and the SIMD loop goes
+across the rows of a block (contiguous in memory) inside the loop over r. Row results then live in
+arrays of XLANES (`tmp5[xl]`), one element per row of the block.
+
+A store followed by a load of the same buffer at the same index in scope is forwarded (no memory
+traffic); buffers that live only inside the kernel are never stored.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import sympy
+import torch
+
+from ...ir.ops import handler
+from ...ir.symbolic import simplify_index, size_symbols
+from ...schedule.nodes import RINDEX, XINDEX, canonical, kernel_index_vars
+from ..kernel import ArgRegistry, IndexPrinter, KValue, widest_kind
+from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
+from .prelude import LANES
+
+XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
+PARALLEL_MIN_WORK = 32768   # below this many elements the thread team costs more than it saves
+XLANES = 64                 # rows per block in x-lanes mode: a few vectors, and whole cache lines per row
+
+
+class Section:
+    def __init__(self, kind: str, sid: int):
+        self.kind, self.id = kind, sid
+        self.pre: list[str] = []
+        self.body: list[str] = []
+        self.post: list[str] = []
+        self.chunk: list[str] = []      # loop sections: once per chunk of r, before its SIMD loop
+        self.cache: dict = {}
+        self.reductions: set[str] = set()
+
+
+class CppIndexPrinter(IndexPrinter):
+    """Index arithmetic as C++ int64 expressions (all operands non-negative, so / and % floor).
+    Sizes from Dynamo's ShapeEnv carry torch's own sympy functions (FloorDiv, CleanDiv, Mod ...),
+    which print themselves as Python (`//`) through `_sympystr`: dispatch on class names instead."""
+
+    printmethod = "_ember_cpp_print"
+
+    def _print_Mod(self, expr):
+        a, b = expr.args
+        return f"({self._paren(a)} % {self._paren(b)})"
+
+    _print_PythonMod = _print_Mod
+
+    def _print_CeilDiv(self, expr):
+        a, b = expr.args
+        return f"(({self._paren(a)} + {self._paren(b)} - 1) / {self._paren(b)})"
+
+    def _print_Identity(self, expr):
+        return self._print(expr.args[0])
+
+    def _print_FloorDiv(self, expr):
+        a, b = expr.args
+        return f"({self._paren(a)} / {self._paren(b)})"
+
+    def _print_ModularIndexing(self, expr):
+        a, d, m = expr.args
+        inner = self._paren(a) if d == 1 else f"({self._paren(a)} / {self._paren(d)})"
+        return f"({inner} % {self._paren(m)})"
+
+    def _minmax(self, fn, args):
+        out = self._print(args[0])
+        for a in args[1:]:
+            out = f"ember::i{fn}({out}, {self._print(a)})"
+        return out
+
+    def _print_Integer(self, expr):
+        v = int(expr)
+        return str(v) if -2 ** 31 < v < 2 ** 31 else f"{v}LL"
+
+
+_printer = CppIndexPrinter()
+
+
+def cpp_index(expr) -> str:
+    return _printer.doprint(sympy.sympify(expr))
+
+
+class CppKernel(MathOps):
+    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset()):
+        self.name = name
+        self.group = group.group
+        self.nodes = group.nodes
+        self.graph = graph
+        self.local = set(local) - set(materialize)
+        X, R = self.group
+        self.X, self.R = X, R
+        self.has_rdim = R != 1
+        self.sections: list[Section] = []
+        self.global_cache: dict = {}
+        self.scope: dict[str, Optional[int]] = {}     # value name -> section id it is confined to
+        self.stored: dict[str, dict] = {}             # storage -> index string -> value
+        self.needs_store: set[str] = set()
+        self.counter = itertools.count()
+        self.args = ArgRegistry()
+        reads = set().union(*(n.reads for n in self.nodes)) - self.local
+        writes = set().union(*(n.writes for n in self.nodes)) - self.local
+        # pointer kinds are settled before any code names a pointer: a buffer read and written is one
+        # in_out pointer from the start
+        for s in sorted(reads):
+            self.args.input(s)
+        for s in sorted(writes):
+            self.args.output(s)
+        self.ranges = ((XINDEX, X), (RINDEX, R))
+        self.checks = False                           # any indirect index is bounds-checked
+        self._tmp_values: dict[str, KValue] = {}      # indirect-index symbols -> their values
+        self.xlanes = self.has_rdim and self._prefers_xlanes()
+        self.decls: list[str] = []                    # x-lanes: per-row arrays, declared per block
+        self._where: dict[str, str] = {}              # value name -> section part it is computed in
+
+    def _prefers_xlanes(self) -> bool:
+        """Vectorize across rows when the reads walk memory along x rather than along r, or when rows
+        are too short to fill the lanes of a row loop."""
+        hints = getattr(self.graph, "symbol_hints", {})
+        try:
+            X, R = (int(sympy.sympify(e).subs(hints)) for e in (self.X, self.R))
+        except (TypeError, ValueError):
+            return False
+        if X < 2:
+            return False
+        along_r = along_x = 0
+        for n in self.nodes:
+            subs = n.flat_vars(self.group)
+            for d in n.read_deps:
+                e = sympy.expand(canonical(d.index, subs, self.group))
+                if RINDEX not in e.free_symbols:
+                    continue
+                if e.coeff(RINDEX) == 1:
+                    along_r += 1
+                elif e.coeff(XINDEX) == 1:
+                    along_x += 1
+        return along_x > along_r or R < LANES
+
+    # -- driving ---------------------------------------------------------------------------------------
+
+    def generate(self) -> "CppKernel":
+        with handler(self):
+            for node in self.nodes:
+                self._enter(node)
+                ivals, rvals = kernel_index_vars(node, self.group)
+                node.buf.store_body(ivals, rvals)
+                if node.is_reduction():
+                    self.sections[-1].reductions |= {node.name, node.buf.storage_name()}
+        return self
+
+    def _enter(self, node):
+        cur = self.sections[-1] if self.sections else None
+        if not self.has_rdim:
+            if cur is None:
+                self._new_section("flat")
+            return
+        has_r = node.is_reduction() or not node.is_x_only(self.group)
+        if has_r:
+            if cur is None or cur.kind != "loop" or (node.reads & cur.reductions):
+                self._new_section("loop")
+        elif cur is None or cur.kind != "flat":
+            self._new_section("flat")
+
+    def _new_section(self, kind):
+        self.sections.append(Section(kind, len(self.sections)))
+
+    @property
+    def section(self) -> Section:
+        return self.sections[-1]
+
+    # -- values ----------------------------------------------------------------------------------------
+
+    def _visible(self, v: KValue) -> bool:
+        s = self.scope.get(v.name)
+        return s is None or s == self.section.id
+
+    def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
+        sec = self.section
+        hit = sec.cache.get(expr) or self.global_cache.get(expr)
+        if hit is not None and self._visible(hit):
+            return hit
+        global_ = sec.kind == "flat" or where != "body"
+        if not global_ and kind in ("x", "scalar") and not self.xlanes:
+            # the same for every element of the row: compute it once, before the loop over r (an
+            # x-indexed load never reads what this loop writes, whose stores all depend on r)
+            where = "pre"
+        name = f"tmp{next(self.counter)}"
+        if global_ and self.xlanes:
+            self.decls.append(f"{ctype(dtype)} {name}[{XLANES}];")
+            v = KValue(f"{name}[xl]", dtype, kind)
+            getattr(sec, where).append(f"{v.name} = {expr};")
+        else:
+            v = KValue(name, dtype, kind)
+            getattr(sec, where).append(f"{ctype(dtype)} {v.name} = {expr};")
+        self._remember(expr, v, global_)
+        self._where[v.name] = where
+        return v
+
+    def _remember(self, expr: str, v: KValue, global_: bool):
+        if global_:
+            self.global_cache[expr] = v
+            self.scope[v.name] = None
+        else:
+            self.section.cache[expr] = v
+            self.scope[v.name] = self.section.id
+
+    def emit(self, line: str, where: str = "body"):
+        getattr(self.section, where).append(line)
+
+    # -- indexing --------------------------------------------------------------------------------------
+
+    def index_str(self, index) -> tuple[str, str]:
+        """(printed index, kind of value it gives)"""
+        index = simplify_index(sympy.sympify(index), self.ranges)
+        for s in size_symbols(index):
+            self.args.size(s)
+        syms = index.free_symbols
+        kinds = [KValue("", torch.int64, k) for k, v in (("xr", RINDEX), ("x", XINDEX)) if v in syms]
+        kinds += [self._tmp_values[s.name] for s in syms if s.name in self._tmp_values]
+        kind = widest_kind(*kinds)
+        return cpp_index(index), ("scalar" if kind == "const" else kind)
+
+    # -- memory ops ------------------------------------------------------------------------------------
+
+    def load(self, name: str, index):
+        idx, kind = self.index_str(index)
+        fwd = self.stored.get(name, {}).get(idx)
+        if fwd is not None and self._visible(fwd):
+            return fwd
+        if name in self.local:
+            self.needs_store.add(name)
+        buf_dtype = self.graph.get_dtype(name)
+        ptr = self.args.input(name)
+        return self.cse(load_expr(f"{ptr}[{idx}]", buf_dtype), compute_dtype(buf_dtype), kind)
+
+    def _store(self, name: str, index, value: KValue, where: str):
+        idx, _ = self.index_str(index)
+        self.stored.setdefault(name, {})[idx] = value
+        if name in self.local:
+            return None
+        ptr = self.args.output(name)
+        self.emit(f"{ptr}[{idx}] = {store_expr(value.name, value.dtype, self.graph.get_dtype(name))};", where)
+        return None
+
+    def store(self, name, index, value):
+        return self._store(name, index, value, "body")
+
+    def store_reduction(self, name, index, value):
+        return self._store(name, index, value, "post" if self.section.kind == "loop" else "body")
+
+    def index_expr(self, expr, dtype):
+        idx, kind = self.index_str(expr)
+        if kind == "scalar" and sympy.sympify(expr).is_Integer:
+            return self.constant(int(expr), dtype)
+        return self.cse(f"static_cast<{ctype(compute_dtype(dtype))}>({idx})", compute_dtype(dtype), kind)
+
+    def indirect_indexing(self, value: KValue, size, check=True):
+        size_s = cpp_index(size)
+        for s in size_symbols(size):
+            self.args.size(s)
+        v = self.cse(f"({value} < 0 ? static_cast<int64_t>({value}) + ({size_s}) : static_cast<int64_t>({value}))",
+                     torch.int64, "scalar" if value.kind == "const" else value.kind)
+        if v.name not in self._tmp_values:
+            self._tmp_values[v.name] = v
+            if check:
+                # an index out of range fails the call (IndexError) instead of touching other memory
+                self.checks = True
+                self.emit(f"if ((uint64_t){v} >= (uint64_t)({size_s})) "
+                          f"{{ __atomic_store_n(&ember_err, 1, __ATOMIC_RELAXED); {v} = 0; }}", self._where[v.name])
+        return sympy.Symbol(v.name, integer=True, nonnegative=True)
+
+    # -- reductions ------------------------------------------------------------------------------------
+
+    def reduction(self, dtype, src_dtype, rtype, value: KValue):
+        key = f"reduction:{rtype}:{value.name}:{dtype}"
+        hit = self.section.cache.get(key) or self.global_cache.get(key)
+        if hit is not None:
+            return hit
+        if self.section.kind == "loop":
+            out = self._loop_reduction(dtype, rtype, value)
+        else:
+            out = self._single_reduction(dtype, rtype, value)
+        self.global_cache[key] = out
+        return out
+
+    def _single_reduction(self, dtype, rtype, value):
+        """A row of one element (a kernel without rindex): the reduction is that element."""
+        if rtype in ("any", "all"):
+            return self.to_dtype(value, torch.bool)
+        if rtype in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if rtype == "welford":
+            return (self.to_dtype(value, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        return self.to_dtype(value, dtype)
+
+    def _identity(self, rtype, dtype) -> str:
+        if rtype in ("sum", "any"):
+            return c_literal(0, dtype)
+        if rtype in ("prod", "all"):
+            return c_literal(1, dtype)
+        big = rtype in ("min", "argmin")
+        if dtype.is_floating_point:
+            return c_literal(float("inf") if big else float("-inf"), dtype)
+        info = torch.iinfo(dtype) if dtype != torch.bool else None
+        if info is None:
+            return c_literal(1 if big else 0, dtype)
+        return c_literal(info.max if big else info.min, dtype)
+
+    def _lanes(self, acc: str, ctype_: str, init: str) -> list[str]:
+        n = XLANES if self.xlanes else LANES
+        return [f"{ctype_} {acc}[{n}];", f"for (int ember_l = 0; ember_l < {n}; ++ember_l) {acc}[ember_l] = {init};"]
+
+    def _result(self, name: str, dtype, decl: list[str]) -> KValue:
+        """A row result declared by post lines `decl`, visible to every later section."""
+        self.section.post.extend(decl)
+        v = KValue(name, dtype, "x")
+        self.scope[name] = None
+        return v
+
+    def _loop_reduction(self, dtype, rtype, value):
+        """Accumulate into lanes in the loop body; combine the lanes after the loop. In x-lanes mode a
+        lane is one row, so the lane is the row's result."""
+        sec = self.section
+        acc = f"acc{next(self.counter)}"
+        ln = "xl" if self.xlanes else "rl"
+        lane = f"{acc}[{ln}]"
+        each = f"for (int ember_l = 1; ember_l < {LANES}; ++ember_l)"
+        src = value.dtype
+        if rtype == "welford":
+            t = ctype(dtype)
+            for part in ("m", "m2", "w"):
+                sec.pre += self._lanes(f"{acc}_{part}", t, f"static_cast<{t}>(0)")
+            # every lane active in a chunk has seen the same number of values, so the division by the
+            # count is one reciprocal per chunk, not a vector division per element
+            seen = f"r0 / {LANES}" if not self.xlanes else "rindex"
+            sec.chunk.append(f"const {t} {acc}_inv = static_cast<{t}>(1) / static_cast<{t}>({seen} + 1);")
+            sec.body.append(f"{{ const {t} v_ = static_cast<{t}>({value}); const {t} d_ = v_ - {acc}_m[{ln}]; "
+                            f"{acc}_w[{ln}] += 1; {acc}_m[{ln}] += d_ * {acc}_inv; "
+                            f"{acc}_m2[{ln}] += d_ * (v_ - {acc}_m[{ln}]); }}")
+            if self.xlanes:
+                return tuple(self._result(f"{acc}_{p}[xl]", dtype, []) for p in ("m", "m2", "w"))
+            sec.post += [f"{t} {acc}_rm = {acc}_m[0], {acc}_rm2 = {acc}_m2[0], {acc}_rw = {acc}_w[0];",
+                         f"{each} ember::welford_merge({acc}_rm, {acc}_rm2, {acc}_rw, "
+                         f"{acc}_m[ember_l], {acc}_m2[ember_l], {acc}_w[ember_l]);"]
+            return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
+        if rtype in ("argmax", "argmin"):
+            t = ctype(src)
+            better = ">" if rtype == "argmax" else "<"
+            sec.pre += self._lanes(acc, t, self._identity(rtype, src)) + self._lanes(f"{acc}_i", "int64_t", "0")
+            # strict comparison: a later equal value never replaces the first; the first NaN stays
+            nan = f" || (v_ != v_ && {lane} == {lane})" if src.is_floating_point else ""
+            sec.body.append(f"{{ const {t} v_ = {value}; const bool take_ = (v_ {better} {lane}){nan}; "
+                            f"{lane} = take_ ? v_ : {lane}; {acc}_i[{ln}] = take_ ? rindex : {acc}_i[{ln}]; }}")
+            if self.xlanes:
+                return self._result(f"{acc}_i[xl]", torch.int64, [])
+            mx = "true" if rtype == "argmax" else "false"
+            return self._result(f"{acc}_ri", torch.int64, [
+                f"{t} {acc}_rv = {acc}[0]; int64_t {acc}_ri = {acc}_i[0];",
+                f"{each} if (ember::arg_better<{mx}, {t}>({acc}[ember_l], {acc}_i[ember_l], {acc}_rv, {acc}_ri)) "
+                f"{{ {acc}_rv = {acc}[ember_l]; {acc}_ri = {acc}_i[ember_l]; }}"])
+        rdt = torch.bool if rtype in ("any", "all") else (dtype if rtype in ("sum", "prod") else src)
+        t = ctype(rdt)
+        sec.pre += self._lanes(acc, t, self._identity(rtype, rdt))
+        v = f"static_cast<{t}>({value})" if rtype not in ("any", "all") else f"({value} != 0)"
+        fp = rdt.is_floating_point
+        combine = {
+            "sum": lambda a, b: f"{a} + {b}",
+            "prod": lambda a, b: f"{a} * {b}",
+            "any": lambda a, b: f"{a} || {b}",
+            "all": lambda a, b: f"{a} && {b}",
+            "max": lambda a, b: f"ember::max_nan<{t}>({a}, {b})" if fp else f"({a} > {b} ? {a} : {b})",
+            "min": lambda a, b: f"ember::min_nan<{t}>({a}, {b})" if fp else f"({a} < {b} ? {a} : {b})",
+        }[rtype]
+        sec.body.append(f"{lane} = {combine(lane, v)};")
+        if self.xlanes:
+            r = self._result(f"{acc}[xl]", rdt, [])
+        else:
+            r = self._result(f"{acc}_r", rdt, [f"{t} {acc}_r = {acc}[0];",
+                                               f"{each} {acc}_r = {combine(f'{acc}_r', f'{acc}[ember_l]')};"])
+        if rdt == dtype or rtype in ("any", "all"):
+            return r
+        return self.cse(f"static_cast<{ctype(dtype)}>({r})", dtype, "x", where="post")
+
+    # -- source ----------------------------------------------------------------------------------------
+
+    def params(self) -> list[str]:
+        out = []
+        for p, buf in self.args.call_order():
+            t = storage_type(self.graph.get_dtype(buf))
+            out.append(f"const {t}* {p}" if p.startswith("in_ptr") else f"{t}* {p}")
+        out.append("int64_t xnumel")
+        if self.has_rdim:
+            out.append("int64_t rnumel")
+        out += [f"int64_t {s}" for s in self.args.sizes.values()]
+        return out + ["int ember_threads"]
+
+    def source(self) -> str:
+        nptr = len(self.args.call_order())
+        nint = 1 + int(self.has_rdim) + len(self.args.sizes)
+        lines = [f"// ember-args: {nptr} {nint}",
+                 f'extern "C" int {self.name}({", ".join(self.params())}) {{',
+                 "  int ember_err = 0;"]
+        if not self.has_rdim:
+            lines += self._pointwise_loop()
+        elif self.xlanes:
+            lines += self._xlanes_loop()
+        else:
+            lines += self._rows_loop()
+        lines += ["  return ember_err;", "}"]
+        return "\n".join(lines) + "\n"
+
+    @property
+    def _simd(self) -> str:
+        # a bounds check writes the shared error flag: not a loop for `omp simd`
+        return "" if self.checks else "#pragma omp simd"
+
+    def _parallel(self, cond: str) -> str:
+        return (f"  #pragma omp parallel for num_threads(ember_threads) schedule(static) "
+                f"if(ember_threads > 1 && {cond})")
+
+    def _pointwise_loop(self) -> list[str]:
+        sec = self.sections[0] if self.sections else Section("flat", 0)
+        lines = [self._parallel(f"xnumel >= {PARALLEL_MIN_WORK}"),
+                 f"  for (int64_t x0 = 0; x0 < xnumel; x0 += {XCHUNK}) {{",
+                 f"    const int64_t xn = ember::imin({XCHUNK}, xnumel - x0);",
+                 f"    {self._simd}",
+                 "    for (int64_t xl = 0; xl < xn; ++xl) {",
+                 "      const int64_t xindex = x0 + xl;"]
+        lines += ["      " + ln for ln in sec.pre + sec.body + sec.post]
+        return lines + ["    }", "  }"]
+
+    def _rows_loop(self) -> list[str]:
+        lines = [self._parallel(f"xnumel > 1 && xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
+                 "  for (int64_t xindex = 0; xindex < xnumel; ++xindex) {"]
+        for sec in self.sections:
+            body = list(sec.pre)
+            if sec.kind == "loop":
+                # whole chunks with a constant trip count (straight vector code), then one partial chunk
+                inner = ["    const int64_t rindex = r0 + rl;"] + ["    " + ln for ln in sec.body] + ["  }"]
+                chunk = ["  " + ln for ln in sec.chunk]
+                body += ["{", "int64_t r0 = 0;",
+                         f"for (; r0 + {LANES} <= rnumel; r0 += {LANES}) {{"] + chunk + [
+                         f"  {self._simd}", f"  for (int64_t rl = 0; rl < {LANES}; ++rl) {{"] + inner + ["}"]
+                body += ["if (r0 < rnumel) {", "  const int64_t rn = rnumel - r0;"] + chunk + [
+                         f"  {self._simd}", "  for (int64_t rl = 0; rl < rn; ++rl) {"] + inner + ["}", "}"]
+            else:
+                body += sec.body
+            lines += ["    " + ln for ln in body + sec.post]
+        return lines + ["  }"]
+
+    def _over_rows(self, body: list[str], count: str = "xn") -> list[str]:
+        if not body:
+            return []
+        return [self._simd, f"for (int64_t xl = 0; xl < {count}; ++xl) {{", "  const int64_t xindex = x0 + xl;"] + \
+            ["  " + ln for ln in body] + ["}"]
+
+    def _xlanes_loop(self) -> list[str]:
+        lines = [self._parallel(f"xnumel > {XLANES} && xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
+                 f"  for (int64_t x0 = 0; x0 < xnumel; x0 += {XLANES}) {{",
+                 f"    const int64_t xn = ember::imin({XLANES}, xnumel - x0);"]
+        body = list(self.decls)
+        for sec in self.sections:
+            body += sec.pre
+            if sec.kind == "loop":
+                # a full block gets a constant trip count: straight vector code, no remainder loop
+                for cond, count in ((f"if (xn == {XLANES}) {{", str(XLANES)), ("} else {", "xn")):
+                    body += [cond, "  for (int64_t rindex = 0; rindex < rnumel; ++rindex) {"]
+                    body += ["    " + ln for ln in sec.chunk]
+                    body += ["    " + ln for ln in self._over_rows(sec.body, count)] + ["  }"]
+                body += ["}"] + self._over_rows(sec.post)
+            else:
+                body += self._over_rows(sec.body + sec.post)
+        return lines + ["    " + ln for ln in body] + ["  }"]
