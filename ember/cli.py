@@ -63,10 +63,11 @@ class TinyGPT(nn.Module):
         return F.linear(self.ln_f(x), self.tok.weight)      # LM head tied to the token embedding
 
 
-# Sizes: the CPU one must run in seconds through the Triton interpreter, the CUDA one should be big enough
+# Sizes: the CPU-Triton one must run in seconds through the Triton interpreter, the CUDA one should be big enough
 # that kernel time, not launch overhead, is what gets measured.
 SIZES = {
-    "cpu": dict(vocab=256, d=64, n_layer=2, n_head=4, seq=32, batch=2, dtype=torch.float32),
+    "cpu-triton": dict(vocab=256, d=64, n_layer=2, n_head=4, seq=32, batch=2, dtype=torch.float32),
+    "cpu": dict(vocab=2048, d=256, n_layer=4, n_head=4, seq=128, batch=4, dtype=torch.float32),
     "cuda": dict(vocab=8192, d=512, n_layer=4, n_head=8, seq=256, batch=8, dtype=torch.bfloat16),
 }
 # Tolerance on the logits relative to their largest magnitude: a whole network of bf16 roundings taken
@@ -100,14 +101,15 @@ def _timer(device: str):
 def _kernels_in(path: str) -> list[str]:
     with open(path) as f:
         src = f.read()
-    parts = src.split("@triton.jit")
-    return [("@triton.jit" + p).strip() for p in parts[1:]] or ([src.strip()] if src.strip() else [])
+    marker = "@triton.jit" if path.endswith(".py") else 'extern "C"'
+    parts = src.split(marker)
+    return [(marker + p).strip() for p in parts[1:]] or ([src.strip()] if src.strip() else [])
 
 
 def _largest_kernel(debug_dir: str) -> tuple[str, str]:
     """(graph folder, source) of the longest kernel any compiled graph generated."""
     best = ("", "")
-    for path in sorted(glob.glob(os.path.join(debug_dir, "graph_*", "kernels.py"))):
+    for path in sorted(glob.glob(os.path.join(debug_dir, "graph_*", "kernels.*"))):
         for k in _kernels_in(path):
             if len(k) > len(best[1]):
                 best = (os.path.basename(os.path.dirname(path)), k)
@@ -121,7 +123,7 @@ def demo(args) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("ember demo: --device cuda asked for, but torch sees no GPU", file=sys.stderr)
         return 2
-    size = dict(SIZES[device])
+    size = dict(SIZES["cpu-triton" if device == "cpu" and ember.config.cpu_backend == "triton" else device])
     batch, dtype = size.pop("batch"), size.pop("dtype")
     steps = args.steps or (20 if device == "cuda" else 5)
     torch.manual_seed(0)
@@ -130,9 +132,9 @@ def demo(args) -> int:
     nparams = sum(p.numel() for p in model.parameters())
     print(f"ember demo: GPT with {size['n_layer']} layers, d={size['d']}, {size['n_head']} heads, "
           f"seq {size['seq']}, batch {batch}, vocab {size['vocab']} ({nparams / 1e6:.2f}M params, {dtype}) on {device}")
-    if device == "cpu":
-        print("  note: on CPU ember runs its Triton kernels in the Triton interpreter (TRITON_INTERPRET=1), which is\n"
-              "  very slow: the timings below show correctness plumbing, not speed, until the C++ backend lands.")
+    if device == "cpu" and ember.config.cpu_backend == "triton":
+        print("  note: with cpu_backend='triton' ember runs its Triton kernels in the Triton interpreter, which is\n"
+              "  very slow: the timings below show correctness plumbing, not speed.")
 
     torch._dynamo.reset()
     ember.metrics.reset()
@@ -165,7 +167,7 @@ def demo(args) -> int:
     print(f"ATen fallbacks: {fb}")
     print(f"time per call (median of {steps}): eager {eager_ms:.3f} ms, ember {ember_ms:.3f} ms "
           f"(ember/eager = {ember_ms / eager_ms:.2f}x)")
-    if device == "cpu":
+    if device == "cpu" and ember.config.cpu_backend == "triton":
         print("  (ember's CPU time is the Triton interpreter's, see the note above)")
     if ksrc:
         print(f"\nlargest generated kernel ({kgraph}, {len(ksrc.splitlines())} lines):\n")

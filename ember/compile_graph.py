@@ -132,7 +132,10 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     else:
         fn, source = compile_python(program)
     dump.write("wrapper.py", source)
-    dump.write("kernels.py", "\n\n".join(k.source for k in program.kernels()))
+    for ext, backends in (("py", ("triton", "triton-interpret")), ("cpp", ("cpp",))):
+        sources = [k.source for k in program.kernels() if k.backend in backends]
+        if sources:
+            dump.write(f"kernels.{ext}", "\n\n".join(sources))
     metrics.graphs_compiled += 1
     metrics.generated_kernel_count += builder.kernel_count
     dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"

@@ -28,8 +28,9 @@ class Config:
     # Write a folder per compiled graph (FX graphs, IR, kernels, wrapper) under debug_dir.
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DEBUG", False))
     debug_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_DEBUG_DIR", "ember_debug"))
-    # Kernel backend for CPU tensors. "triton" runs Triton kernels in the interpreter (slow, for tests).
-    cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "triton"))
+    # Kernel backend for CPU tensors: "cpp" (C++/OpenMP, built with the system compiler) or "triton"
+    # (Triton kernels in Triton's interpreter: slow, for testing the Triton code path without a GPU).
+    cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "cpp"))
     # Wrapper renderer: "python" source.
     wrapper: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_WRAPPER", "python"))
     # With wrapper="fx": the FxWrapper subclass that compiles the rendered GraphModule (None: FxWrapper,

@@ -114,7 +114,7 @@ def run_example(requires_grad: bool, device: str = "cpu") -> Capture:
     torch._dynamo.reset()
     ember.metrics.reset()
     with tempfile.TemporaryDirectory(prefix="ember_doc_") as dbg, \
-            ember.config.patch(debug=True, debug_dir=dbg, fallback_on_error=False, joint_passes=[record_joint], wrapper="python"), \
+            ember.config.patch(debug=True, debug_dir=dbg, fallback_on_error=False, joint_passes=[record_joint], wrapper="python", cpu_backend="triton"), \
             keep_wrapper_ir(cap, lambda: next(kinds)):
         args = inputs(requires_grad, device)
         out = torch.compile(block, backend=backend)(*args)

@@ -25,7 +25,7 @@ def lowered(fn, *args, **kwargs):
 
 def interpreter_xfail(request, device, reason):
     """Known bugs of the CPU test path (Triton interpreter), outside the lowering: strict, so the fix shows."""
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and ember.config.cpu_backend == "triton":
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 

@@ -193,7 +193,7 @@ def test_few_very_long_rows(device):
 
 
 def test_single_long_row_all_dims(device):
-    x = torch.randn(300, 500, device=device)
+    x = torch.randn(200, 300, device=device)     # one looped row (a split max takes minutes in the interpreter)
     lowered(lambda a: (a.sum(), a.amax(), a.mean(), a.std(), a.argmax()), x, rtol=1e-4, atol=1e-4)
 
 
@@ -333,11 +333,12 @@ def test_looped_grad(device):
     check(lambda a: (a.softmax(1) * a).sum(1), x, grad=True)
 
 
-@pytest.mark.xfail(reason="codegen: a Reduction whose reduction ranges multiply to 1 is generated as a pointwise "
-                          "kernel that still uses RBLOCK/rmask (NameError: RBLOCK). The lowering no longer builds "
-                          "such reductions (reductions.reduce turns them into pointwise); this builds one directly",
-                   strict=True)
-def test_codegen_reduction_over_one_element(device, monkeypatch):
+def test_codegen_reduction_over_one_element(request, device, monkeypatch):
+    if device != "cpu" or ember.config.cpu_backend == "triton":
+        request.applymarker(pytest.mark.xfail(
+            reason="Triton codegen: a Reduction whose reduction ranges multiply to 1 is generated as a pointwise "
+                   "kernel that still uses RBLOCK/rmask (NameError: RBLOCK). The lowering no longer builds such "
+                   "reductions (reductions.reduce makes them pointwise); this test builds one directly", strict=True))
     import sympy
     from ember.ir.nodes import Reduction, TensorBox
     from ember.lowering import registry

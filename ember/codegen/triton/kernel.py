@@ -245,10 +245,22 @@ class TritonKernel(MathOps):
         hit = self.section.cache.get(key) or self.global_cache.get(key)
         if hit is not None:
             return hit
+        if not self.has_rdim:
+            return self._single_element_reduction(dtype, rtype, value)
         out = self._persistent_reduction(dtype, rtype, value) if self.persistent else \
             self._looped_reduction(dtype, rtype, value)
         self.global_cache[key] = out
         return out
+
+    def _single_element_reduction(self, dtype, rtype, value):
+        """A reduction over one element (rnumel == 1): the kernel has no r axis; the result is the value."""
+        if rtype in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if rtype in ("any", "all"):
+            return self.to_dtype(value, torch.bool)
+        if rtype == "welford":
+            return (value, self.constant(0.0, torch.float32), self.constant(1.0, torch.float32))
+        return self.to_dtype(value, dtype) if value.dtype != dtype else value
 
     def _identity(self, rtype, dtype) -> str:
         if rtype in ("max", "argmax"):
