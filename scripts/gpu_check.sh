@@ -51,7 +51,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 XDIST=""
 python -c "import xdist" 2>/dev/null && XDIST="-n 4"
 if python -c "import pytest" 2>/dev/null; then
-    EMBER_TEST_DEVICE=cuda step tests 220 python -m pytest -q -x $XDIST tests || true
+    EMBER_TEST_DEVICE=cuda step tests 240 python -m pytest -q $XDIST tests || true
 else
     echo "=== tests: skipped, pytest is not installed on this machine" | tee -a "$OUT/summary.txt"
 fi

@@ -220,7 +220,12 @@ def test_extending_doc_snippets_run():
     with open(path) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     assert len(blocks) >= 5
-    namespace = {"__name__": "extending_doc"}
+    # a real module: Dynamo on some torch versions imports a traced function's module by name
+    import sys
+    import types
+    module = types.ModuleType("extending_doc")
+    sys.modules["extending_doc"] = module
+    namespace = module.__dict__
     for i, block in enumerate(blocks):
         try:
             exec(compile(block, f"docs/extending.md[block {i}]", "exec"), namespace)

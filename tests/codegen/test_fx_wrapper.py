@@ -35,6 +35,12 @@ def scale2(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
 """
 
 
+
+# The hand-written programs below run a Triton kernel on CPU tensors, through Triton's interpreter,
+# which is on only where there is no GPU (ember turns it on at import there).
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="needs the Triton interpreter (machines without a GPU)")
+
 def _every_line_program():
     """A hand-written program that uses every line type, symbols from all four sources, and index
     arithmetic of every shape the renderer handles node by node."""
@@ -72,6 +78,7 @@ def _inputs():
     return [storage[5:5 + 6 * 7].view(6, 7), 4]
 
 
+@needs_interpreter
 def test_every_line_type_matches_the_python_wrapper():
     program = _every_line_program()
     py_fn, _ = compile_python(program)
@@ -86,6 +93,7 @@ def test_every_line_type_matches_the_python_wrapper():
     assert "launch_kernel" in code and "torch.as_strided" in code and "torch.empty_strided" in code
 
 
+@needs_interpreter
 def test_kernel_launches_survive_dead_code_elimination():
     program = _every_line_program()
     gm = fx.FxWrapper().render(program)
@@ -100,6 +108,7 @@ def test_kernel_launches_survive_dead_code_elimination():
     torch.testing.assert_close(out[0], (torch.sort(args[0] * 2)[0] * 4).t())
 
 
+@needs_interpreter
 def test_symbols_are_computed_in_the_graph():
     gm = fx.FxWrapper().render(_every_line_program())
     methods = {n.target for n in gm.graph.nodes if n.op == "call_method"}
@@ -183,8 +192,6 @@ def test_input_mutation(fx_wrapper, device):
     assert fx_wrapper
 
 
-@pytest.mark.xfail(reason="a kernel that writes an input back and also reads the new value recomputes it "
-                          "from the already-updated input (both wrappers; outside the wrapper)")
 def test_input_mutation_read_back_in_the_same_kernel(fx_wrapper, device):
     def fn(a, b):
         a.add_(b)
