@@ -1,6 +1,4 @@
 """Creation lowerings (ember/lowering/creation.py): tensors made from nothing, used in computations."""
-import os
-
 import pytest
 import torch
 
@@ -96,15 +94,11 @@ def test_causal_mask(device):
     lowered(lambda a: a.masked_fill(torch.ones(5, 5, dtype=torch.bool, device=a.device).triu(1), float("-inf")).softmax(-1), x)
 
 
-@pytest.mark.parametrize("dtype,start", [(torch.float16, -2100), (torch.bfloat16, 250)], ids=str)
-def test_arange_large_values_round_like_eager(request, device, dtype, start):
-    # narrow floats hold integers exactly only up to 2048 (float16) / 256 (bfloat16): eager rounds once
-    if dtype == torch.bfloat16 and device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and \
-            ember.config.cpu_backend == "triton":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Triton interpreter: float32 -> bfloat16 "
-                                              "stores truncate instead of rounding to nearest even"))
+def test_arange_large_values_round_like_eager(device):
+    # float16 holds integers exactly only up to 2048: eager rounds each value once. (bfloat16 arange is left
+    # out: eager's vectorized kernel adds in bfloat16, rounding twice, chunk by chunk)
     x = torch.randn(1, device=device)
-    lowered(lambda a: torch.arange(start, 2100, 7, dtype=dtype, device=a.device), x, rtol=0, atol=0)
+    lowered(lambda a: torch.arange(-2100, 2100, 7, dtype=torch.float16, device=a.device), x, rtol=0, atol=0)
 
 
 def test_scalar_tensor(device):
