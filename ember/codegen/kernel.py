@@ -132,3 +132,58 @@ def literal(value) -> Optional[str]:
     if isinstance(value, int):
         return repr(value)
     return None
+
+
+class Section:
+    """A stretch of a reduction kernel's body: a "loop" over chunks of the row (rindex), or "flat"
+    code run once per row. Values computed inside a loop are visible only inside it; values of flat
+    sections, and loop results computed after the loop (`post`), are visible to every later section."""
+
+    def __init__(self, kind: str, sid: int):
+        self.kind, self.id = kind, sid
+        self.pre: list[str] = []        # before the loop (accumulators, hoisted row-invariant values)
+        self.body: list[str] = []
+        self.post: list[str] = []       # after the loop (final reductions)
+        self.chunk: list[str] = []      # C++: once per chunk of r, before its SIMD loop
+        self.cache: dict = {}
+        self.reductions: set[str] = set()
+        self.barrier = False
+
+
+class SectionedKernel:
+    """What the kernel backends share about placing a fused group's nodes into sections: a node that
+    reads a reduction finished in the current loop starts the next loop; a node with no r axis goes to
+    straight-line code after it. Subclasses say when the whole kernel is one section."""
+    sections: list
+    scope: dict
+
+    def single_section(self) -> bool:
+        raise NotImplementedError
+
+    def _enter(self, node):
+        cur = self.sections[-1] if self.sections else None
+        if self.single_section():
+            if cur is None:
+                self._new_section("flat")
+            return
+        has_r = node.is_reduction() or not node.is_x_only(self.group)
+        if has_r:
+            if cur is None or cur.kind != "loop" or (node.reads & cur.reductions):
+                self._new_section("loop")
+        elif cur is None or cur.kind != "flat":
+            self._new_section("flat")
+
+    def _leave(self, node):
+        if node.is_reduction():
+            self.sections[-1].reductions |= {node.name, node.buf.storage_name()}
+
+    def _new_section(self, kind):
+        self.sections.append(Section(kind, len(self.sections)))
+
+    @property
+    def section(self) -> Section:
+        return self.sections[-1]
+
+    def _visible(self, v: KValue) -> bool:
+        s = self.scope.get(v.name)
+        return s is None or s == self.section.id

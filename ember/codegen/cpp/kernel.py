@@ -30,24 +30,13 @@ import torch
 from ...ir.ops import handler
 from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical, kernel_index_vars
-from ..kernel import ArgRegistry, IndexPrinter, KValue, widest_kind
+from ..kernel import ArgRegistry, IndexPrinter, KValue, Section, SectionedKernel, widest_kind
 from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
 XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
 PARALLEL_MIN_WORK = 32768   # below this many elements the thread team costs more than it saves
 XLANES = 64                 # rows per block in x-lanes mode: a few vectors, and whole cache lines per row
-
-
-class Section:
-    def __init__(self, kind: str, sid: int):
-        self.kind, self.id = kind, sid
-        self.pre: list[str] = []
-        self.body: list[str] = []
-        self.post: list[str] = []
-        self.chunk: list[str] = []      # loop sections: once per chunk of r, before its SIMD loop
-        self.cache: dict = {}
-        self.reductions: set[str] = set()
 
 
 class CppIndexPrinter(IndexPrinter):
@@ -97,7 +86,7 @@ def cpp_index(expr) -> str:
     return _printer.doprint(sympy.sympify(expr))
 
 
-class CppKernel(MathOps):
+class CppKernel(MathOps, SectionedKernel):
     def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset()):
         self.name = name
         self.group = group.group
@@ -160,35 +149,11 @@ class CppKernel(MathOps):
                 self._enter(node)
                 ivals, rvals = kernel_index_vars(node, self.group)
                 node.buf.store_body(ivals, rvals)
-                if node.is_reduction():
-                    self.sections[-1].reductions |= {node.name, node.buf.storage_name()}
+                self._leave(node)
         return self
 
-    def _enter(self, node):
-        cur = self.sections[-1] if self.sections else None
-        if not self.has_rdim:
-            if cur is None:
-                self._new_section("flat")
-            return
-        has_r = node.is_reduction() or not node.is_x_only(self.group)
-        if has_r:
-            if cur is None or cur.kind != "loop" or (node.reads & cur.reductions):
-                self._new_section("loop")
-        elif cur is None or cur.kind != "flat":
-            self._new_section("flat")
-
-    def _new_section(self, kind):
-        self.sections.append(Section(kind, len(self.sections)))
-
-    @property
-    def section(self) -> Section:
-        return self.sections[-1]
-
-    # -- values ----------------------------------------------------------------------------------------
-
-    def _visible(self, v: KValue) -> bool:
-        s = self.scope.get(v.name)
-        return s is None or s == self.section.id
+    def single_section(self) -> bool:
+        return not self.has_rdim
 
     def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
         sec = self.section

@@ -21,25 +21,14 @@ from ... import config
 from ...ir.ops import handler
 from ...ir.symbolic import hint, is_static, simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, kernel_index_vars
-from ..kernel import ArgRegistry, KValue, literal, print_index, widest_kind
+from ..kernel import ArgRegistry, KValue, SectionedKernel, literal, print_index, widest_kind
 from . import heuristics
 from .ops import MathOps, triton_type, compute_dtype
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
 
 
-class Section:
-    def __init__(self, kind: str, sid: int):
-        self.kind, self.id = kind, sid
-        self.pre: list[str] = []
-        self.body: list[str] = []
-        self.post: list[str] = []
-        self.cache: dict = {}
-        self.reductions: set[str] = set()
-        self.barrier = False
-
-
-class TritonKernel(MathOps):
+class TritonKernel(MathOps, SectionedKernel):
     def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
         self.name = name
         self.group = tiling or group.group
@@ -78,37 +67,13 @@ class TritonKernel(MathOps):
                 self._enter(node)
                 ivals, rvals = kernel_index_vars(node, self.group)
                 node.buf.store_body(ivals, rvals)
-                if node.is_reduction():
-                    self.sections[-1].reductions.add(node.name)
+                self._leave(node)
         return self
 
-    def _enter(self, node):
-        cur = self.sections[-1] if self.sections else None
-        if not self.has_rdim or self.persistent:
-            if cur is None:
-                self._new_section("flat")
-            self.cur_kind = "xr" if self.has_rdim else "x"
-            return
-        has_r = node.is_reduction() or not node.is_x_only(self.group)
-        self.cur_kind = "xr" if has_r else "x"
-        if has_r:
-            if cur is None or cur.kind != "loop" or (node.reads & cur.reductions):
-                self._new_section("loop")
-        elif cur is None or cur.kind != "flat":
-            self._new_section("flat")
-
-    def _new_section(self, kind):
-        self.sections.append(Section(kind, len(self.sections)))
-
-    @property
-    def section(self) -> Section:
-        return self.sections[-1]
+    def single_section(self) -> bool:
+        return not self.has_rdim or self.persistent
 
     # -- values ----------------------------------------------------------------------------------------
-
-    def _visible(self, v: KValue) -> bool:
-        s = self.scope.get(v.name)
-        return s is None or s == self.section.id
 
     def cse(self, expr: str, dtype, kind: str, where: str = "body", deps=None) -> KValue:
         """Name `expr` once. Row-invariant values (not "xr") whose inputs all live outside the current
