@@ -207,8 +207,10 @@ by running ember on this example (a layer norm and a softmax, a matmul, a residu
 tensors `x: [8, 64]`, `w, b: [64]`, `proj: [64, 64]`, called through `torch.compile(block, backend="ember")`:
 
 {code(EXAMPLE_SRC, "python")}
-Result: {inf.check}. On a CPU ember runs these Triton kernels in Triton's interpreter; on a GPU Triton
-compiles the same kernel source, and only the wrapper's `device=` and the launch sizes change.
+Result: {inf.check}. To show the Triton kernels, this run uses `cpu_backend="triton"` (Triton's interpreter);
+on a GPU Triton compiles the same kernel source, and only the wrapper's `device=` and the launch sizes
+change. With the default `cpu_backend="cpp"` the same fused groups become C++/OpenMP functions
+(`ember/codegen/cpp/`).
 
 | stage | module | receives | returns |
 |---|---|---|---|
@@ -221,7 +223,7 @@ compiles the same kernel source, and only the wrapper's `device=` and the launch
 | lowering | `ember/lowering/graph.py` + `ember/lowering/*.py` | ATen graph | buffers of loop IR (`ember/ir/nodes.py`) |
 | scheduler nodes | `ember/schedule/nodes.py`, `ember/ir/deps.py` | buffers | nodes with reads, writes, deps |
 | fusion | `ember/schedule/fusion.py` | nodes | fused groups, in execution order |
-| code generation | `ember/codegen/program.py`, `ember/codegen/triton/kernel.py`, `ember/schedule/memory.py` | groups | kernels + Wrapper IR (`ember/codegen/wrapper/lines.py`) |
+| code generation | `ember/codegen/program.py`, `ember/codegen/backends.py`, `ember/codegen/triton/kernel.py` or `ember/codegen/cpp/kernel.py`, `ember/schedule/tiling.py`, `ember/schedule/memory.py` | groups | kernels + Wrapper IR (`ember/codegen/wrapper/lines.py`) |
 | render and load | `ember/codegen/wrapper/python.py`, `ember/runtime/loader.py` | Wrapper IR | `call(args)` with kernels bound |
 
 `ember/compile_graph.py` runs the rows from decompose to load in order and reads as their table of
