@@ -132,3 +132,24 @@ def test_graph_without_metadata_from_symbolic_trace():
     compiled = ember.compile_graph(gm, [x, y])
     assert_close(compiled([x, y]), fn(x, y))
     assert ember.metrics.eager_fallbacks == 0 and ember.metrics.generated_kernel_count >= 1
+
+
+def test_higher_order_rng_ops_pass_through():
+    """run_and_save_rng_state / run_with_rng_state (what rng functionalization leaves in a graph) run as
+    extern calls: the replayed random numbers equal the saved ones, so y - z is exactly zero."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        state, y = run_and_save_rng_state(torch.ops.aten.rand.default, [4], device=x.device, dtype=x.dtype,
+                                          pin_memory=False)
+        z = run_with_rng_state(state, torch.ops.aten.rand.default, [4], device=x.device, dtype=x.dtype,
+                               pin_memory=False)
+        return (x * 2 + (y - z),)
+
+    gm = make_fx(f)(torch.randn(4))
+    fn = ember.compile_graph(gm, [torch.randn(4)])
+    x = torch.randn(4)
+    (out,) = fn([x.clone()])
+    torch.testing.assert_close(out, x * 2)
+    assert ember.metrics.eager_fallbacks == 0
