@@ -38,4 +38,4 @@ def get_lowering(target):
 
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
-    from . import creation, fallback, indexing, mutation, pointwise, reductions, views  # noqa: F401
+    from . import concat, creation, fallback, indexing, mutation, pointwise, reductions, views  # noqa: F401

@@ -1,0 +1,107 @@
+"""cat, stack and constant_pad_nd as Pointwise computations, so producers and consumers fuse with them.
+
+Each output element loads from the input that covers it. A load must stay in bounds even where its value
+is not selected, so the index into each input is clamped and goes through `ops.indirect_indexing`; the
+value is picked with `ops.where`. Every input is read once per output element, so only a few inputs are
+concatenated this way; more go to ATen's cat.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir.nodes import TensorBox
+from ..ir.ops import ops
+from ..ir.symbolic import sympify
+from .pointwise import cast, promote, scalar_value
+from .registry import Unsupported, lower
+from .views import unsqueeze
+
+aten = torch.ops.aten
+
+MAX_POINTWISE_CAT_INPUTS = 4
+
+
+def _clamped_index(i, lo, size):
+    """Index i - lo clamped into [0, size): an in-bounds position even where i is outside that input."""
+    v = ops.index_expr(i - lo, torch.int64)
+    v = ops.maximum(v, ops.constant(0, torch.int64))
+    v = ops.minimum(v, ops.index_expr(size - 1, torch.int64) if not sympify(size - 1).is_Integer
+                    else ops.constant(int(size - 1), torch.int64))
+    return ops.indirect_indexing(v, size)
+
+
+def _in_range(i, lo, hi):
+    v = ops.index_expr(i, torch.int64)
+    return ops.logical_and(ops.ge(v, ops.index_expr(sympify(lo), torch.int64)),
+                           ops.lt(v, ops.index_expr(sympify(hi), torch.int64)))
+
+
+@lower(aten.cat.default)
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.dim() == 1 and t.get_size()[0] == 0)]  # legacy empty inputs
+    if not tensors:
+        raise Unsupported("cat of nothing")
+    if len(tensors) == 1:
+        t = tensors[0]
+        return TensorBox.pointwise(t.device, t.dtype, t.make_loader(), t.get_size())
+    if len(tensors) > MAX_POINTWISE_CAT_INPUTS or len({t.device for t in tensors}) > 1:
+        raise Unsupported("cat of many inputs")
+    n = tensors[0].dim()
+    dim = dim + n if dim < 0 else dim
+    _, dtype = promote(tensors)
+    offsets, total = [], sympy.Integer(0)
+    for t in tensors:
+        offsets.append(total)
+        total = total + t.get_size()[dim]
+    size = list(tensors[0].get_size())
+    size[dim] = total
+    parts = [(t.make_loader(), t.dtype, t.get_size()[dim], off) for t, off in zip(tensors, offsets)]
+
+    def inner_fn(idx):
+        i = idx[dim]
+        value = None
+        for loader, src, length, off in reversed(parts):
+            here = list(idx)
+            here[dim] = _clamped_index(i, off, length)
+            v = cast(loader(here), src, dtype)
+            value = v if value is None else ops.where(_in_range(i, off, off + length), v, value)
+        return value
+    return TensorBox.pointwise(tensors[0].device, dtype, inner_fn, size)
+
+
+@lower(aten.stack.default)
+def stack(tensors, dim=0):
+    n = tensors[0].dim() + 1
+    dim = dim + n if dim < 0 else dim
+    return cat([unsqueeze(t, dim) for t in tensors], dim)
+
+
+@lower(aten.constant_pad_nd.default)
+def constant_pad_nd(x, pad, value=0):
+    n = x.dim()
+    lo, hi = [sympy.Integer(0)] * n, [sympy.Integer(0)] * n
+    for k in range(len(pad) // 2):
+        d = n - 1 - k
+        lo[d], hi[d] = sympify(pad[2 * k]), sympify(pad[2 * k + 1])
+    in_size = x.get_size()
+    size = [s + a + b for s, a, b in zip(in_size, lo, hi)]
+    loader, dtype = x.make_loader(), x.dtype
+
+    def inner_fn(idx):
+        here, inside = [], None
+        for d in range(n):
+            if lo[d] == 0 and hi[d] <= 0:
+                here.append(idx[d])             # no padding before; cropping after needs no check
+                continue
+            if lo[d].is_Integer and int(lo[d]) < 0 and hi[d] <= 0:
+                here.append(idx[d] - lo[d])     # cropped on both sides: a plain shift
+                continue
+            here.append(_clamped_index(idx[d], lo[d], in_size[d]))
+            cond = _in_range(idx[d], lo[d], lo[d] + in_size[d])
+            inside = cond if inside is None else ops.logical_and(inside, cond)
+        v = loader(here)
+        if inside is None:
+            return v
+        return ops.where(inside, v, scalar_value(value, dtype))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, size)
