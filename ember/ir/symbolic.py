@@ -45,11 +45,11 @@ class FloorDiv(sympy.Function):
             for t in base.args:
                 (whole if _is_multiple(t, divisor) else rest).append(t)
             if whole and rest:
-                return sympy.Add(*[sympy.simplify(t / divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
+                return sympy.Add(*[_simplify(t / divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
             if whole and not rest:
-                return sympy.Add(*[sympy.simplify(t / divisor) for t in whole])
+                return sympy.Add(*[_simplify(t / divisor) for t in whole])
         if _is_multiple(base, divisor):
-            return sympy.simplify(base / divisor)
+            return _simplify(base / divisor)
         return None
 
 
@@ -78,10 +78,24 @@ class ModularIndexing(sympy.Function):
         return None
 
 
+@functools.lru_cache(maxsize=65536)
+def _simplify(expr: Expr) -> Expr:
+    """Cancel common factors of a quotient or difference of size/index polynomials. sympy.cancel
+    (polynomial gcd; floor/mod terms are opaque generators) does what these call sites need at a
+    fraction of sympy.simplify's cost, which dominated compiles of graphs with symbolic sizes."""
+    expr = sympy.sympify(expr)
+    if expr.is_number or expr.is_Symbol:
+        return expr
+    try:
+        return sympy.cancel(expr)
+    except Exception:          # noqa: BLE001  (a form cancel cannot handle: leave it as it is)
+        return expr
+
+
 def _is_multiple(term: Expr, divisor: Expr) -> bool:
     if divisor == 1:
         return True
-    q = sympy.simplify(term / divisor)
+    q = _simplify(term / divisor)
     if q.is_integer:
         return True
     if q.is_Mul:
@@ -130,7 +144,7 @@ def make_index_vars(prefix: str, n: int) -> list[sympy.Symbol]:
 
 
 def statically_known_equal(a, b) -> bool:
-    return sympy.simplify(sympify(a) - sympify(b)) == 0
+    return _simplify(sympify(a) - sympify(b)) == 0
 
 
 def is_static(x) -> bool:
@@ -215,7 +229,7 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
                 if i == j or a[1] != b[1] or b[3] is None:
                     continue
                 # a = ca*(v // (db*mb)) % ma , b = cb*(v // db) % mb ; merge when ca == cb*mb
-                if sympy.simplify(a[2] - b[2] * b[3]) == 0 and sympy.simplify(a[0] - b[0] * b[3]) == 0:
+                if _simplify(a[2] - b[2] * b[3]) == 0 and _simplify(a[0] - b[0] * b[3]) == 0:
                     mod = None if a[3] is None else a[3] * b[3]
                     terms[j] = [b[0], b[1], b[2], mod]
                     del terms[i]
@@ -232,7 +246,7 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
 
 
 def _known_ge(a: Expr, b: Expr) -> bool:
-    d = sympy.simplify(a - b)
+    d = _simplify(a - b)
     return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
 
 

@@ -42,14 +42,18 @@ def cat(tensors, dim=0):
     tensors = [t for t in tensors if not (t.dim() == 1 and t.get_size()[0] == 0)]  # legacy empty inputs
     if not tensors:
         raise Unsupported("cat of nothing")
-    if len(tensors) == 1:
-        t = tensors[0]
-        return TensorBox.pointwise(t.device, t.dtype, t.make_loader(), t.get_size())
-    if len(tensors) > MAX_POINTWISE_CAT_INPUTS or len({t.device for t in tensors}) > 1:
-        raise Unsupported("cat of many inputs")
+    _, dtype = promote(tensors)          # every input takes part in type promotion, empty ones too
     n = tensors[0].dim()
     dim = dim + n if dim < 0 else dim
-    _, dtype = promote(tensors)
+    # an input with no elements along dim adds nothing, and loading from it (even clamped) is out of range
+    nonempty = [t for t in tensors if sympify(t.get_size()[dim]) != 0]
+    tensors = nonempty or tensors[:1]
+    if len(tensors) == 1:
+        t = tensors[0]
+        loader = t.make_loader()
+        return TensorBox.pointwise(t.device, dtype, lambda idx: cast(loader(idx), t.dtype, dtype), t.get_size())
+    if len(tensors) > MAX_POINTWISE_CAT_INPUTS or len({t.device for t in tensors}) > 1:
+        raise Unsupported("cat of many inputs")
     offsets, total = [], sympy.Integer(0)
     for t in tensors:
         offsets.append(total)
@@ -77,6 +81,11 @@ def stack(tensors, dim=0):
     return cat([unsqueeze(t, dim) for t in tensors], dim)
 
 
+def _known_nonpositive(e) -> bool:
+    """True only when e <= 0 for every value of its symbols (a symbolic pad is checked at run time)."""
+    return bool(sympify(e).is_nonpositive)
+
+
 @lower(aten.constant_pad_nd.default)
 def constant_pad_nd(x, pad, value=0):
     n = x.dim()
@@ -87,14 +96,17 @@ def constant_pad_nd(x, pad, value=0):
     in_size = x.get_size()
     size = [s + a + b for s, a, b in zip(in_size, lo, hi)]
     loader, dtype = x.make_loader(), x.dtype
+    if any(sympify(s) == 0 for s in in_size):
+        # nothing to load from: the output is all padding
+        return TensorBox.pointwise(x.device, dtype, lambda idx: scalar_value(value, dtype), size)
 
     def inner_fn(idx):
         here, inside = [], None
         for d in range(n):
-            if lo[d] == 0 and hi[d] <= 0:
+            if lo[d] == 0 and _known_nonpositive(hi[d]):
                 here.append(idx[d])             # no padding before; cropping after needs no check
                 continue
-            if lo[d].is_Integer and int(lo[d]) < 0 and hi[d] <= 0:
+            if lo[d].is_Integer and int(lo[d]) < 0 and _known_nonpositive(hi[d]):
                 here.append(idx[d] - lo[d])     # cropped on both sides: a plain shift
                 continue
             here.append(_clamped_index(idx[d], lo[d], in_size[d]))

@@ -13,9 +13,13 @@ class CppBackend:
     name = "cpp"
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
+        from ...schedule.tiling import choose_tiling
+        tiling = choose_tiling(group)
+        if tiling is not None and any(not n.split(tiling)[1] for n in group.nodes):
+            tiling = None            # a node without the inner axis would be recomputed per element
         materialize: set = set()
         while True:
-            k = CppKernel(name, group, graph, local, materialize).generate()
+            k = CppKernel(name, group, graph, local, materialize, tiling).generate()
             missing = k.needs_store - materialize
             if not missing:
                 break

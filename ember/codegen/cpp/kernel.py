@@ -36,6 +36,7 @@ from .prelude import LANES
 
 XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
 PARALLEL_MIN_WORK = 32768   # below this many elements the thread team costs more than it saves
+TILE_OUTER, TILE_SIMD = 32, 64   # tiled (transpose-like) pointwise kernels: tile extent across / along SIMD
 XLANES = 64                 # rows per block in x-lanes mode: a few vectors, and whole cache lines per row
 
 
@@ -87,9 +88,10 @@ def cpp_index(expr) -> str:
 
 
 class CppKernel(MathOps, SectionedKernel):
-    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset()):
+    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
         self.name = name
-        self.group = group.group
+        self.group = tiling or group.group
+        self.tiled = tiling is not None               # a 2-D tiled pointwise kernel (schedule/tiling.py)
         self.nodes = group.nodes
         self.graph = graph
         self.local = set(local) - set(materialize)
@@ -114,11 +116,13 @@ class CppKernel(MathOps, SectionedKernel):
         self.ranges = ((XINDEX, X), (RINDEX, R))
         self.checks = False                           # any indirect index is bounds-checked
         self._tmp_values: dict[str, KValue] = {}      # indirect-index symbols -> their values
-        self.xlanes = self.has_rdim and self._prefers_xlanes()
+        self.xlanes = self.has_rdim and not self.tiled and self._prefers_xlanes()
+        self.simd_x = self.tiled and self._prefers_xlanes(stores=2)    # tiled: SIMD along x, not r
+        self.stage: list[str] = []                    # tiled: loads staged through an L1 tile buffer
         self.decls: list[str] = []                    # x-lanes: per-row arrays, declared per block
         self._where: dict[str, str] = {}              # value name -> section part it is computed in
 
-    def _prefers_xlanes(self) -> bool:
+    def _prefers_xlanes(self, stores: int = 0) -> bool:
         """Vectorize across rows when the reads walk memory along x rather than along r, or when rows
         are too short to fill the lanes of a row loop."""
         hints = getattr(self.graph, "symbol_hints", {})
@@ -131,14 +135,14 @@ class CppKernel(MathOps, SectionedKernel):
         along_r = along_x = 0
         for n in self.nodes:
             subs = n.flat_vars(self.group)
-            for d in n.read_deps:
+            for d, w in [(d, 1) for d in n.read_deps] + [(d, stores) for d in n.write_deps]:
                 e = sympy.expand(canonical(d.index, subs, self.group))
-                if RINDEX not in e.free_symbols:
+                if RINDEX not in e.free_symbols or not w:
                     continue
                 if e.coeff(RINDEX) == 1:
-                    along_r += 1
+                    along_r += w
                 elif e.coeff(XINDEX) == 1:
-                    along_x += 1
+                    along_x += w
         return along_x > along_r or R < LANES
 
     # -- driving ---------------------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class CppKernel(MathOps, SectionedKernel):
         return self
 
     def single_section(self) -> bool:
-        return not self.has_rdim
+        return not self.has_rdim or self.tiled
 
     def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
         sec = self.section
@@ -212,7 +216,34 @@ class CppKernel(MathOps, SectionedKernel):
             self.needs_store.add(name)
         buf_dtype = self.graph.get_dtype(name)
         ptr = self.args.input(name)
+        if self.tiled and self._strided_in_tile(name, index):
+            return self._staged_load(f"{ptr}[{idx}]", buf_dtype)
         return self.cse(load_expr(f"{ptr}[{idx}]", buf_dtype), compute_dtype(buf_dtype), kind)
+
+    def _strided_in_tile(self, name: str, index) -> bool:
+        """A tiled kernel's load contiguous along the non-SIMD axis only (the transposed side)."""
+        if name in self.args.outputs or name in self.local:
+            return False
+        e = sympy.expand(simplify_index(sympy.sympify(index), self.ranges))
+        if not e.free_symbols <= {XINDEX, RINDEX} or e.has(sympy.Function):
+            return False
+        simd, outer = (XINDEX, RINDEX) if self.simd_x else (RINDEX, XINDEX)
+        return e.coeff(outer) == 1 and e.coeff(simd) != 1
+
+    def _staged_load(self, elem: str, buf_dtype) -> KValue:
+        """Copy the tile of a transposed input into a local buffer, walking the input along its
+        contiguous axis (one pass over a few whole cache lines), and read that in the SIMD loop: no
+        gathers of one element per cache line, no cache-set conflicts on power-of-two strides."""
+        key = f"stage:{elem}"
+        hit = self.global_cache.get(key)
+        if hit is not None:
+            return hit
+        cdt = compute_dtype(buf_dtype)
+        buf = f"ember_stage{len(self.stage)}"
+        self.stage.append((buf, ctype(cdt), load_expr(elem, buf_dtype)))
+        v = self.cse(f"{buf}[{'rl' if self.simd_x else 'xl'}][{'xl' if self.simd_x else 'rl'}]", cdt, "xr")
+        self.global_cache[key] = v
+        return v
 
     def _store(self, name: str, index, value: KValue, where: str):
         idx, _ = self.index_str(index)
@@ -383,6 +414,8 @@ class CppKernel(MathOps, SectionedKernel):
                  "  int ember_err = 0;"]
         if not self.has_rdim:
             lines += self._pointwise_loop()
+        elif self.tiled:
+            lines += self._tiled_loop()
         elif self.xlanes:
             lines += self._xlanes_loop()
         else:
@@ -409,6 +442,43 @@ class CppKernel(MathOps, SectionedKernel):
                  "      const int64_t xindex = x0 + xl;"]
         lines += ["      " + ln for ln in sec.pre + sec.body + sec.post]
         return lines + ["    }", "  }"]
+
+    def _tiled_loop(self) -> list[str]:
+        """A transpose-like pointwise kernel: tiles of TILE_OUTER x TILE_SIMD elements, each thread a run of whole tiles, so
+        that accesses contiguous along x and those contiguous along r both stay within a few cache lines
+        and pages per tile (a 1-D loop touches a new line, often a new page, per element on one side)."""
+        sec = self.sections[0] if self.sections else Section("flat", 0)
+        TILE_X, TILE_R = (TILE_SIMD, TILE_OUTER) if self.simd_x else (TILE_OUTER, TILE_SIMD)
+        return [f"  const int64_t ember_tx = (xnumel + {TILE_X} - 1) / {TILE_X}, "
+                f"ember_tr = (rnumel + {TILE_R} - 1) / {TILE_R};",
+                self._parallel(f"xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
+                "  for (int64_t ember_t = 0; ember_t < ember_tx * ember_tr; ++ember_t) {",
+                f"    const int64_t x0 = (ember_t / ember_tr) * {TILE_X}, r0 = (ember_t % ember_tr) * {TILE_R};",
+                f"    const int64_t xn = ember::imin({TILE_X}, xnumel - x0), rn = ember::imin({TILE_R}, rnumel - r0);",
+] + self._stage_lines(TILE_X, TILE_R) + (
+               ["    for (int64_t rl = 0; rl < rn; ++rl) {",
+                "      const int64_t rindex = r0 + rl;",
+                f"      {self._simd}",
+                "      for (int64_t xl = 0; xl < xn; ++xl) {",
+                "        const int64_t xindex = x0 + xl;"] if self.simd_x else
+               ["    for (int64_t xl = 0; xl < xn; ++xl) {",
+                "      const int64_t xindex = x0 + xl;",
+                f"      {self._simd}",
+                "      for (int64_t rl = 0; rl < rn; ++rl) {",
+                "        const int64_t rindex = r0 + rl;"]) + \
+            ["        " + ln for ln in sec.pre + sec.body + sec.post] + ["      }", "    }", "  }"]
+
+    def _stage_lines(self, tx: int, tr: int) -> list[str]:
+        if not self.stage:
+            return []
+        outer, simd = (("rl", "rn", tr), ("xl", "xn", tx)) if self.simd_x else (("xl", "xn", tx), ("rl", "rn", tr))
+        lines = [f"    {t} {buf}[{outer[2]}][{simd[2]}];" for buf, t, _ in self.stage]
+        # the loop along the inputs' contiguous axis (the kernel's non-SIMD one) innermost
+        lines += [f"    for (int64_t {simd[0]} = 0; {simd[0]} < {simd[1]}; ++{simd[0]}) {{",
+                  f"      for (int64_t {outer[0]} = 0; {outer[0]} < {outer[1]}; ++{outer[0]}) {{",
+                  "        const int64_t xindex = x0 + xl, rindex = r0 + rl;"]
+        lines += [f"        {buf}[{outer[0]}][{simd[0]}] = {expr};" for buf, _, expr in self.stage]
+        return lines + ["      }", "    }"]
 
     def _rows_loop(self) -> list[str]:
         lines = [self._parallel(f"xnumel > 1 && xnumel * rnumel >= {PARALLEL_MIN_WORK}"),

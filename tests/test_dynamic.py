@@ -1,0 +1,370 @@
+"""Dynamic shapes: one compile serves every batch size and sequence length.
+
+Every test counts compiles two ways: Dynamo frames handed to ember (a counting wrapper around
+`ember.backend`) and `ember.metrics.graphs_compiled` (compile_graph calls: one per inference graph, two
+per training graph: forward + backward), and compares outputs (and gradients where training) with eager.
+
+Dynamo specializes sizes 0 and 1 (a symbol always stands for a size >= 2), so the first call of every
+test uses sizes >= 2; a later call with a size of 0 or 1 is a new specialization and compiles once more,
+which the tests assert explicitly.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ember
+from ember.testing import assert_close
+from tests.models.test_models import MLP, Classifier, EncoderBlock, TinyTransformer
+
+
+class CountingBackend:
+    """ember.backend, counting the Dynamo graphs it compiles. Only calls that return count: with
+    dynamic=True Dynamo first traces float module attributes (LayerNorm's eps) as tensors and, when the
+    graph specializes them, aborts the backend call with TensorifyScalarRestartAnalysis and traces again;
+    that aborted attempt compiles nothing."""
+
+    def __init__(self):
+        self.frames = 0
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        out = ember.backend(gm, example_inputs, **kwargs)
+        self.frames += 1
+        return out
+
+
+def compile_counted(fn, dynamic=True):
+    torch._dynamo.reset()
+    ember.metrics.reset()
+    counter = CountingBackend()
+    return torch.compile(fn, backend=counter, dynamic=dynamic), counter
+
+
+def assert_compiles(counter, frames, training=False):
+    assert counter.frames == frames, f"{counter.frames} Dynamo graphs compiled, expected {frames}"
+    per_frame = 2 if training else 1
+    assert ember.metrics.graphs_compiled == frames * per_frame, \
+        f"ember compiled {ember.metrics.graphs_compiled} graphs, expected {frames * per_frame}"
+    assert ember.metrics.eager_fallbacks == 0
+
+
+def run_and_compare(fn, compiled, *args, rtol=None, atol=None, what="output"):
+    expected = fn(*args)
+    actual = compiled(*args)
+    assert_close(actual, expected, rtol, atol, what=what)
+    return actual
+
+
+# --- (1) small models over several batch sizes and sequence lengths ---------------------------------------
+
+
+@torch.no_grad()
+def test_mlp_eval_batch_sizes():
+    model = MLP().eval()
+    compiled, counter = compile_counted(copy.deepcopy(model))
+    for b in (3, 16, 5, 33, 64):
+        x, t = torch.randn(b, 32), torch.randint(0, 10, (b,))
+        run_and_compare(model, compiled, x, t, what=f"batch {b}")
+    assert_compiles(counter, 1)
+
+
+def _train_compare(model, batches, loss_fn=None, lr=0.05, rtol=1e-4, atol=1e-4):
+    """Train eager and compiled copies side by side over batches of varying shape; compare loss, grads, params."""
+    ours = copy.deepcopy(model)
+    compiled, counter = compile_counted(ours)
+    opt_e = torch.optim.SGD(model.parameters(), lr=lr)
+    opt_c = torch.optim.SGD(ours.parameters(), lr=lr)
+    for step, batch in enumerate(batches):
+        out_e, out_c = model(*batch), compiled(*batch)
+        assert_close(out_c, out_e, rtol, atol, what=f"step {step} output")
+        loss_e = out_e if loss_fn is None else loss_fn(out_e)
+        loss_c = out_c if loss_fn is None else loss_fn(out_c)
+        loss_e.backward()
+        loss_c.backward()
+        for (name, pe), pc in zip(model.named_parameters(), ours.parameters()):
+            assert_close(pc.grad, pe.grad, rtol, atol, what=f"step {step} grad of {name}")
+        for opt in (opt_e, opt_c):
+            opt.step()
+            opt.zero_grad()
+    for (name, pe), pc in zip(model.named_parameters(), ours.parameters()):
+        assert_close(pc, pe, rtol, atol, what=f"final {name}")
+    return counter
+
+
+def test_encoder_block_batch_and_seq():
+    shapes = [(2, 8), (3, 5), (4, 11)]
+    batches = [(torch.randn(b, s, 32),) for b, s in shapes]
+    counter = _train_compare(EncoderBlock(), batches, loss_fn=lambda out: (out ** 2).mean())
+    assert_compiles(counter, 1, training=True)
+
+
+@torch.no_grad()
+def test_tiny_transformer_seq_lengths():
+    # pos[: s] slices a parameter by the symbolic sequence length; the causal mask is (s, s).
+    # Inference only: training a transformer with symbolic sizes is test_encoder_block_batch_and_seq.
+    model = TinyTransformer().eval()
+    compiled, counter = compile_counted(copy.deepcopy(model))
+    for b, s in ((2, 12), (3, 7), (2, 16)):
+        tokens, targets = torch.randint(0, 50, (b, s)), torch.randint(0, 50, (b, s))
+        run_and_compare(model, compiled, tokens, targets, rtol=1e-4, atol=1e-4, what=f"b={b} s={s}")
+    assert_compiles(counter, 1)
+
+
+def test_embedding_cross_entropy_batch_and_seq():
+    shapes = [(8, 6), (5, 9), (13, 3), (2, 2)]
+    batches = [(torch.randint(0, 40, (b, s)), torch.randint(0, 7, (b,))) for b, s in shapes]
+    counter = _train_compare(Classifier(), batches)
+    assert_compiles(counter, 1, training=True)
+
+
+# --- (2) odd sizes ----------------------------------------------------------------------------------------------
+
+
+def _pointwise_and_reduce(x):
+    y = torch.sigmoid(x) * x + 1.5
+    return y, y.sum(-1), torch.softmax(x, -1)
+
+
+@torch.no_grad()
+def test_odd_sizes_rows():
+    compiled, counter = compile_counted(_pointwise_and_reduce)
+    for n in (7, 1023, 4097, 2):
+        run_and_compare(_pointwise_and_reduce, compiled, torch.randn(3, n), what=f"n={n}")
+    assert_compiles(counter, 1)
+    # a row of length 1 is specialized by Dynamo: one more compile, and it must be right
+    run_and_compare(_pointwise_and_reduce, compiled, torch.randn(3, 1), what="n=1")
+    assert_compiles(counter, 2)
+
+
+@torch.no_grad()
+def test_odd_sizes_mark_dynamic_1d():
+    def fn(x):
+        return (x * 2 - 1).relu(), x.amax(), x.mean()
+    compiled, counter = compile_counted(fn, dynamic=None)
+    for n in (7, 1023, 4097, 3):
+        x = torch.randn(n)
+        torch._dynamo.mark_dynamic(x, 0)
+        run_and_compare(fn, compiled, x, what=f"n={n}")
+    assert_compiles(counter, 1)
+    run_and_compare(fn, compiled, torch.randn(1), what="n=1")    # size 1 specializes: one more compile
+    assert_compiles(counter, 2)
+
+
+@torch.no_grad()
+def test_odd_sizes_columns_and_batch():
+    # the symbol is the outer (non-reduced) dim here, the reduced dim is static
+    def fn(x, w):
+        return (x @ w).sum(0), F.layer_norm(x, (x.shape[-1],))
+    compiled, counter = compile_counted(fn)
+    w = torch.randn(5, 6)
+    for n in (7, 1023, 4097):
+        run_and_compare(fn, compiled, torch.randn(n, 5), w, what=f"n={n}")
+    assert_compiles(counter, 1)
+
+
+# --- (3) zero-size tensors ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_zero_size_input_specializes():
+    def fn(x):
+        return x.exp() + 1, x.sum(0), x.sum(1)
+    compiled, counter = compile_counted(fn)
+    for n in (4, 9):
+        run_and_compare(fn, compiled, torch.randn(n, 5), what=f"n={n}")
+    assert_compiles(counter, 1)
+    # size 0 is specialized by Dynamo: a second compile, then reused for another empty input
+    run_and_compare(fn, compiled, torch.randn(0, 5), what="n=0")
+    run_and_compare(fn, compiled, torch.randn(0, 5), what="n=0 again")
+    assert_compiles(counter, 2)
+
+
+@torch.no_grad()
+def test_zero_size_static_graph():
+    # cat and constant_pad_nd load each input at a clamped index: an input with no elements along the
+    # dim must not be loaded from at all (it was: "an index is out of range" in the cat/pad kernel)
+    def fn(x, y):
+        return (x * 2, x.sum(1), x.sum(0), x.amax(1), torch.cat([x, y]) + 1, torch.cat([y, x, y.double()]) * 2,
+                F.pad(x, (1, 2, 0, 1), value=3.0) + 1, F.pad(x.t(), (1, 1)) - 1)
+    compiled, counter = compile_counted(fn, dynamic=False)
+    run_and_compare(fn, compiled, torch.randn(0, 4), torch.randn(3, 4))
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_symbolic_size_zero_at_runtime():
+    # x[k:] with k = y.shape[0]: the slice's size is symbolic and is 0 (or clamped) for some inputs
+    def fn(x, y):
+        return x[y.shape[0]:] * 2, x[: y.shape[0]].sum(0) + y.sum()
+    compiled, counter = compile_counted(fn)
+    for n, k in ((9, 4), (6, 6), (5, 3), (4, 7)):
+        run_and_compare(fn, compiled, torch.randn(n, 3), torch.randn(k), what=f"n={n} k={k}")
+    # Dynamo itself (not ember: aot_eager recompiles the same way) guards on the slice: (n - k)*3 >= 2
+    # (the is_contiguous check of a tensor of size n - k; fails at n == k, an empty slice), then
+    # k <= n (the clamped slice at n=4, k=7). So three graphs, each compiled once.
+    assert_compiles(counter, 3)
+
+
+# --- (4) broadcasting with symbolic dims ------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_broadcast_symbolic_dims():
+    def fn(a, b, c):
+        # a: (s0, 1, s2), b: (s1, 1), c: (s2,)  -> (s0, s1, s2)
+        out = a + b * c
+        return out, out.sum(1), (a * c).mean(-1)
+    compiled, counter = compile_counted(fn)
+    for s0, s1, s2 in ((2, 3, 4), (5, 7, 3), (3, 2, 9), (4, 4, 4)):
+        run_and_compare(fn, compiled, torch.randn(s0, 1, s2), torch.randn(s1, 1), torch.randn(s2),
+                        what=f"{s0, s1, s2}")
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_broadcast_expand_and_outer():
+    def fn(x, y):
+        # outer product of two symbolic vectors, and an explicit expand to a symbolic size
+        return x[:, None] * y[None, :], x.unsqueeze(1).expand(x.shape[0], y.shape[0]) - y
+    compiled, counter = compile_counted(fn)
+    for n, m in ((3, 5), (8, 2), (17, 11)):
+        run_and_compare(fn, compiled, torch.randn(n), torch.randn(m), what=f"{n}x{m}")
+    assert_compiles(counter, 1)
+
+
+def test_broadcast_symbolic_grad():
+    # the backward of a broadcast is a reduction over the symbolic broadcast dims
+    def fn(a, b):
+        return (a * b).tanh().sum()
+    compiled, counter = compile_counted(fn)
+    for n, m in ((3, 4), (6, 5), (2, 9)):
+        a, b = torch.randn(n, 1, requires_grad=True), torch.randn(m, requires_grad=True)
+        a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out_e, out_c = fn(a, b), compiled(a2, b2)
+        assert_close(out_c, out_e)
+        out_e.backward()
+        out_c.backward()
+        assert_close([a2.grad, b2.grad], [a.grad, b.grad], what=f"grad {n}x{m}")
+    assert_compiles(counter, 1, training=True)
+
+
+# --- (5) a training loop with a varying batch size --------------------------------------------------------------
+
+
+def test_training_loop_varying_batch():
+    torch.manual_seed(0)
+    model = MLP()
+    ours = copy.deepcopy(model)
+    compiled, counter = compile_counted(ours)
+    opt_e = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(ours.parameters(), lr=0.1)
+    losses_e, losses_c = [], []
+    for step, b in enumerate((4, 9, 6, 13, 5)):
+        x, t = torch.randn(b, 32), torch.randint(0, 10, (b,))
+        loss_e, loss_c = model(x, t), compiled(x, t)
+        losses_e.append(loss_e.item())
+        losses_c.append(loss_c.item())
+        loss_e.backward()
+        loss_c.backward()
+        for (name, pe), pc in zip(model.named_parameters(), ours.parameters()):
+            assert_close(pc.grad, pe.grad, 1e-4, 1e-5, what=f"step {step} (batch {b}) grad of {name}")
+        opt_e.step()
+        opt_c.step()
+        opt_e.zero_grad()
+        opt_c.zero_grad()
+    assert_close(torch.tensor(losses_c), torch.tensor(losses_e), 1e-4, 1e-5, what="losses")
+    for (name, pe), pc in zip(model.named_parameters(), ours.parameters()):
+        assert_close(pc, pe, 1e-4, 1e-5, what=f"final {name}")
+    assert_compiles(counter, 1, training=True)
+
+
+# --- (6) reductions over a symbolic row length ------------------------------------------------------------------
+
+
+def _row_reductions(x):
+    return (x.sum(-1), x.amax(-1), torch.softmax(x, -1), torch.log_softmax(x, -1),
+            torch.var_mean(x, -1), F.layer_norm(x, (x.shape[-1],)), x.argmax(-1))
+
+
+@pytest.mark.parametrize("persistent_max", [64, 16384])
+@torch.no_grad()
+def test_row_reductions_symbolic_length(persistent_max):
+    # with a symbolic row length the persistent (whole row held) vs looped choice cannot be made from
+    # the size: it must be one that is valid for every length (or be guarded). Lengths straddle the limit.
+    with ember.config.patch(persistent_reduction_max=persistent_max):
+        compiled, counter = compile_counted(_row_reductions)
+        for n in (7, 1023, 4097, 63, 65, 2):
+            run_and_compare(_row_reductions, compiled, torch.randn(3, n), rtol=1e-4, atol=1e-4, what=f"n={n}")
+    assert_compiles(counter, 1)
+
+
+def test_row_reductions_symbolic_length_grad():
+    def fn(x):
+        return (torch.softmax(x, -1) * F.layer_norm(x, (x.shape[-1],))).sum()
+    compiled, counter = compile_counted(fn)
+    for rows, n in ((3, 7), (2, 1023), (4, 130)):
+        x = torch.randn(rows, n, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        out_e, out_c = fn(x), compiled(x2)
+        assert_close(out_c, out_e, 1e-4, 1e-4)
+        out_e.backward()
+        out_c.backward()
+        assert_close(x2.grad, x.grad, 1e-4, 1e-4, what=f"grad n={n}")
+    assert_compiles(counter, 1, training=True)
+
+
+@torch.no_grad()
+def test_full_reduction_symbolic_numel():
+    def fn(x):
+        return x.sum(), x.amax(), x.mean(), (x * x).sum().sqrt()
+    compiled, counter = compile_counted(fn)
+    for shape in ((3, 7), (31, 33), (2, 4097), (5, 2)):
+        run_and_compare(fn, compiled, torch.randn(*shape), rtol=1e-4, atol=1e-4, what=f"{shape}")
+    assert_compiles(counter, 1)
+
+
+# --- (7) data-dependent sizes -------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_boolean_mask_indexing():
+    def fn(x):
+        y = x[x > 0]
+        return y * 2, y.sum()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled, counter = compile_counted(fn)
+        for n in (5, 33, 100, 8):
+            run_and_compare(fn, compiled, torch.randn(n, 3), rtol=1e-4, atol=1e-4, what=f"n={n}")
+        run_and_compare(fn, compiled, -torch.rand(6, 3), what="nothing selected")
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_nonzero():
+    def fn(x):
+        idx = torch.nonzero(x > 0.5)
+        return idx, idx.shape[0] * 1.0 + x.sum()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled, counter = compile_counted(fn)
+        for n in (4, 17, 50):
+            run_and_compare(fn, compiled, torch.rand(n, 2), rtol=1e-5, atol=1e-5, what=f"n={n}")
+        run_and_compare(fn, compiled, torch.zeros(3, 2), what="no nonzero")
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_nonzero_then_compute():
+    # the unbacked size feeds further kernels: gather rows of x at the nonzero positions and reduce them
+    def fn(x, m):
+        rows = torch.nonzero(m).squeeze(1)
+        g = x[rows]
+        return torch.softmax(g, -1), g.sum(0)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled, counter = compile_counted(fn)
+        for n in (6, 20, 9):
+            m = torch.rand(n) > 0.4
+            m[0] = True
+            run_and_compare(fn, compiled, torch.randn(n, 4), m, rtol=1e-4, atol=1e-5, what=f"n={n}")
+    assert_compiles(counter, 1)
