@@ -193,6 +193,7 @@ def _slice_exact(x, dim, start, end):
 
 
 def _clamp_index(i, size):
+    i, size = sympify(i), sympify(size)
     if i.is_Integer and size.is_Integer:
         v, n = int(i), int(size)
         if v < 0:

@@ -1,0 +1,555 @@
+#!/usr/bin/env python
+"""OpInfo sweep: run PyTorch's OpInfo database (`op_db`) through ember and compare with eager.
+
+For each op x dtype that the op supports on CPU, a few sample inputs are compiled with
+`torch.compile(fn, backend="ember")` (Dynamo reset per sample, ember.config.fallback_on_error=False)
+and compared with eager. Each (op, dtype) is classified:
+
+  pass   every sample that eager can run matches eager
+  fail   a sample gives a different answer (a possible SILENT WRONG ANSWER: reported loudly)
+  error  compiling or running with ember raised (type + first line of the message is kept)
+  skip   eager cannot run any sample, the op is random / nondeterministic, or Dynamo/AOTAutograd
+         itself cannot handle the op (the same sample also fails with backend="aot_eager")
+
+Results are checked against tests/opinfo_expected_failures.json ({"op:dtype": "reason"}): an (op, dtype)
+that fails/errors and is not listed, or is listed and passes, is "unexpected". A reason that starts
+with "flaky" accepts either outcome.
+
+    python scripts/opinfo_sweep.py --workers 2 --json sweep.json
+    python scripts/opinfo_sweep.py --ops add,softmax --dtypes float32 -v
+    python scripts/opinfo_sweep.py --grad --ops tanh,layer_norm          # float32 gradients
+    python scripts/opinfo_sweep.py --workers 2 --update-expected          # rewrite the expected file
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPECTED_PATH = os.path.join(ROOT, "tests", "opinfo_expected_failures.json")
+DEFAULT_DTYPES = ("float32", "float16", "bfloat16", "int64", "bool")
+
+# Ops whose output is random or nondeterministic: comparing with eager means nothing.
+RANDOM_RE = re.compile(
+    r"(normal|bernoulli|rand|dropout|multinomial|uniform|exponential|geometric|cauchy|log_normal|"
+    r"randperm|poisson|empty|new_empty|empty_like|empty_strided|empty_permuted|rrelu|"
+    r"nn\.functional\.feature_alpha_dropout|alpha_dropout|torch\.empty)"
+)
+
+
+def is_random(op) -> bool:
+    name = op.name + "." + op.variant_test_name if op.variant_test_name else op.name
+    return bool(RANDOM_RE.search(name))
+
+
+def op_key(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    line = msg[0] if msg else ""
+    # Dynamo wraps backend errors: "backend='ember' raised:\nRuntimeError: ..." -> keep the inner line.
+    if "backend=" in line and "raised" in line and len(msg) > 1:
+        line = msg[1]
+    return f"{type(e).__name__}: {line[:300]}"
+
+
+class OpTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise OpTimeout("op timed out")
+
+
+# ----------------------------------------------------------------------------------- one op, in a worker
+
+_STATE: dict = {}
+
+
+def _init_worker(threads: int):
+    import torch
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import ember  # noqa: F401  registers the backend
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = 1024
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        torch._dynamo.config.accumulated_cache_size_limit = 4096
+    ember.config.fallback_on_error = False
+    load_ops()
+
+
+def load_ops() -> dict:
+    if "ops" not in _STATE:
+        from torch.testing._internal.common_methods_invocations import op_db
+        _STATE["ops"] = {op_key(op): op for op in op_db}
+    return _STATE["ops"]
+
+
+def _tol(dtype):
+    from ember.testing import default_tol
+    return default_tol(dtype)
+
+
+def _clone(tree, requires_grad=False):
+    import torch
+    import torch.utils._pytree as pytree
+
+    def c(x):
+        if isinstance(x, torch.Tensor):
+            y = x.detach().clone()
+            if requires_grad and (y.is_floating_point() or y.is_complex()):
+                y.requires_grad_(True)
+            return y
+        return x
+    return pytree.tree_map(c, tree)
+
+
+def _upcast(tree):
+    import torch
+    import torch.utils._pytree as pytree
+    return pytree.tree_map(lambda x: x.detach().to(torch.float64)
+                           if isinstance(x, torch.Tensor) and x.is_floating_point() else x, tree)
+
+
+def _compare(actual, expected, dtype):
+    """Raise AssertionError when actual differs from expected."""
+    import torch
+    import torch.utils._pytree as pytree
+    fa, fe = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    if len(fa) != len(fe):
+        raise AssertionError(f"{len(fa)} outputs, eager has {len(fe)}")
+    for i, (a, e) in enumerate(zip(fa, fe)):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise AssertionError(f"out[{i}]: got {type(a).__name__}, eager a Tensor")
+            if a.shape != e.shape:
+                raise AssertionError(f"out[{i}]: shape {tuple(a.shape)} vs eager {tuple(e.shape)}")
+            if a.dtype != e.dtype:
+                raise AssertionError(f"out[{i}]: dtype {a.dtype} vs eager {e.dtype}")
+            rtol, atol = _tol(e.dtype)
+            torch.testing.assert_close(a, e, rtol=rtol, atol=atol, equal_nan=True, check_stride=False,
+                                       check_device=True, msg=lambda m, i=i: f"out[{i}]: {m.splitlines()[0] if m else m} | {m}")
+        elif isinstance(e, float) and isinstance(a, float):
+            if not (a == e or (a != a and e != e) or abs(a - e) <= 1e-5 * max(1.0, abs(e))):
+                raise AssertionError(f"out[{i}]: {a} vs eager {e}")
+        elif a != e:
+            raise AssertionError(f"out[{i}]: {a!r} vs eager {e!r}")
+
+
+def _close_to_fp64(fn, inp, actual, expected, dtype):
+    """For a float mismatch: ember is fine if it is at least as close as eager to a float64 reference."""
+    import torch
+    import torch.utils._pytree as pytree
+    try:
+        a64, k64 = _upcast(inp)
+        ref = fn(*a64, **k64)
+    except Exception:
+        return False
+    fa, fe, fr = pytree.tree_leaves(actual), pytree.tree_leaves(expected), pytree.tree_leaves(ref)
+    if not (len(fa) == len(fe) == len(fr)):
+        return False
+    for a, e, r in zip(fa, fe, fr):
+        if not isinstance(e, torch.Tensor) or not e.is_floating_point():
+            continue
+        if not isinstance(r, torch.Tensor) or r.shape != e.shape:
+            return False
+        r = r.to(torch.float64)
+        fin = torch.isfinite(r)
+        if not torch.equal(torch.isnan(a), torch.isnan(e)) and not torch.equal(torch.isnan(a), torch.isnan(r)):
+            return False
+        ea = (a.double() - r).abs()[fin]
+        ee = (e.double() - r).abs()[fin]
+        rtol, atol = _tol(dtype)
+        bound = 2 * ee + atol + rtol * r.abs()[fin]
+        if ea.numel() and not bool((ea <= bound).all()):
+            return False
+    return True
+
+
+def _sample_repr(sample, maxlen=300) -> str:
+    import torch
+    import torch.utils._pytree as pytree
+
+    def d(x):
+        if isinstance(x, torch.Tensor):
+            s = f"T{list(x.shape)}:{str(x.dtype).replace('torch.', '')}"
+            try:
+                if x.layout == torch.strided and x.numel() and not x.is_contiguous():
+                    s += f"(stride={x.stride()})"
+            except Exception:  # noqa: BLE001
+                s += f"({x.layout})"
+            return s
+        return x
+    s = f"input={pytree.tree_map(d, sample.input)}, args={pytree.tree_map(d, tuple(sample.args))}, kwargs={pytree.tree_map(d, dict(sample.kwargs))}"
+    return s[:maxlen]
+
+
+def _run_sample(op, sample, dtype, grad):
+    """-> (category, detail). category in pass/fail/error/skip/eager_error/nondeterministic."""
+    import torch
+    import torch._dynamo
+    import torch.utils._pytree as pytree
+
+    def fn(*a, **k):
+        return op(*a, **k)
+
+    inp = ((sample.input, *sample.args), dict(sample.kwargs))
+
+    def diff_grads(args_kwargs, out):
+        leaves = [x for x in pytree.tree_leaves(args_kwargs) if isinstance(x, torch.Tensor) and x.requires_grad]
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad
+                and o.is_floating_point()]
+        if not leaves or not outs:
+            return None
+        total = sum(o.sum() for o in outs)
+        return list(torch.autograd.grad(total, leaves, allow_unused=True))
+
+    # eager, twice (a nondeterministic op is skipped)
+    try:
+        e_in = _clone(inp, grad)
+        torch.manual_seed(0)
+        expected = fn(*e_in[0], **e_in[1])
+        if grad:
+            expected = (expected, diff_grads(e_in, expected))
+        e_in2 = _clone(inp, grad)
+        torch.manual_seed(0)
+        expected2 = fn(*e_in2[0], **e_in2[1])
+        if grad:
+            expected2 = (expected2, diff_grads(e_in2, expected2))
+    except Exception as e:  # noqa: BLE001
+        return "eager_error", first_line(e)
+    if grad and expected[1] is None:
+        return "eager_error", "no differentiable float output/input"
+    try:
+        _compare(expected2, expected, dtype)
+    except Exception:
+        return "nondeterministic", "eager differs between two runs"
+
+    def run_compiled(backend):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend=backend)
+        c_in = _clone(inp, grad)
+        torch.manual_seed(0)
+        out = compiled(*c_in[0], **c_in[1])
+        if grad:
+            out = (out, diff_grads(c_in, out))
+        return out
+
+    import ember
+    graphs_before = ember.metrics.graphs_compiled
+    try:
+        actual = run_compiled("ember")
+    except OpTimeout:
+        raise
+    except Exception as e:  # noqa: BLE001
+        msg = first_line(e)
+        # Is it ember's fault? Dynamo / AOTAutograd alone (aot_eager) on the same sample:
+        try:
+            run_compiled("aot_eager")
+        except OpTimeout:
+            raise
+        except Exception as e2:  # noqa: BLE001
+            return "skip", "aot_eager fails too: " + first_line(e2)
+        tb = traceback.extract_tb(e.__traceback__)
+        where = next((f"{os.path.relpath(f.filename, ROOT)}:{f.lineno}" for f in reversed(tb)
+                      if "/ember/" in f.filename), "")
+        return "error", msg + (f"  [{where}]" if where else "")
+    finally:
+        torch._dynamo.reset()
+    try:
+        _compare(actual, expected, dtype)
+    except Exception as e:  # noqa: BLE001
+        if not grad and dtype.is_floating_point and _close_to_fp64(fn, inp, actual, expected, dtype):
+            return "pass", "matches float64 reference better than eager tolerance"
+        m = str(e).strip().splitlines()
+        return "fail", f"{type(e).__name__}: " + " ".join(x.strip() for x in m[:6])[:600]
+    if ember.metrics.graphs_compiled == graphs_before:
+        return "pass", "vacuous: ember compiled no graph (Dynamo ran it all eagerly)"
+    return "pass", ""
+
+
+def run_op(task):
+    """Worker entry: (op_key, dtype names, limit, grad, timeout) -> list of result dicts."""
+    try:
+        return _run_op(task)
+    except Exception as e:  # noqa: BLE001  never lose a whole sweep to one odd op
+        return [{"op": task[0], "dtype": dn, "status": "skip", "detail": "harness: " + first_line(e),
+                 "samples": [], "seconds": 0.0} for dn in task[1]]
+
+
+def _run_op(task):
+    key, dtype_names, limit, grad, timeout = task
+    import torch
+    op = _STATE["ops"][key]
+    results = []
+    supported = op.supported_dtypes("cpu")
+    t_op = time.time()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        for dn in dtype_names:
+            dtype = getattr(torch, dn)
+            if dtype not in supported:
+                continue
+            if grad and not op.supports_autograd:
+                continue
+            r = {"op": key, "dtype": dn, "status": "skip", "detail": "", "samples": [], "seconds": 0.0}
+            results.append(r)
+            t0 = time.time()
+            if is_random(op):
+                r["detail"] = "random op"
+                continue
+            try:
+                torch.manual_seed(0)
+                samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=grad), limit))
+            except OpTimeout:
+                raise
+            except Exception as e:  # noqa: BLE001
+                r["detail"] = "sample_inputs failed: " + first_line(e)
+                continue
+            cats = []
+            for s in samples:
+                try:
+                    cat, detail = _run_sample(op, s, dtype, grad)
+                except OpTimeout:
+                    raise
+                except Exception as e:  # noqa: BLE001  (a bug in this script, or an odd sample)
+                    cat, detail = "skip", "harness: " + first_line(e)
+                cats.append(cat)
+                r["samples"].append({"status": cat, "detail": detail, "sample": _sample_repr(s)})
+            r["seconds"] = round(time.time() - t0, 2)
+            for c in ("fail", "error", "pass"):
+                if c in cats:
+                    r["status"] = c
+                    picked = next(x for x in r["samples"] if x["status"] == c)
+                    r["detail"], r["sample"] = picked["detail"], picked["sample"]
+                    break
+            else:
+                if not samples:
+                    r["detail"] = "no samples"
+                elif "nondeterministic" in cats:
+                    r["detail"] = "nondeterministic in eager"
+                elif "skip" in cats:
+                    r["detail"] = next(x["detail"] for x in r["samples"] if x["status"] == "skip")
+                else:
+                    r["detail"] = "eager cannot run any sample: " + r["samples"][0]["detail"]
+                r["eager_ok"] = "skip" in cats  # eager ran; only Dynamo/AOT could not
+    except OpTimeout:
+        done = {(x["op"], x["dtype"]) for x in results if x["status"] != "skip" or x["detail"]}
+        for dn in dtype_names:
+            dtype = getattr(torch, dn)
+            if dtype in supported and (key, dn) not in done and not (grad and not op.supports_autograd):
+                results = [x for x in results if x["dtype"] != dn]
+                results.append({"op": key, "dtype": dn, "status": "error",
+                                "detail": f"Timeout: op exceeded {timeout}s", "samples": [], "seconds": timeout})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        import torch._dynamo
+        torch._dynamo.reset()
+    for r in results:
+        r["op_seconds"] = round(time.time() - t_op, 2)
+    return results
+
+
+# ----------------------------------------------------------------------------------- driver
+
+def load_expected(path=EXPECTED_PATH) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def classify_unexpected(results, expected, grad=False):
+    """-> list of (key, what) for results that disagree with the expected-failures file."""
+    out = []
+    prefix = "grad:" if grad else ""
+    for r in results:
+        key = f"{prefix}{r['op']}:{r['dtype']}"
+        if expected.get(key, "").startswith("flaky"):
+            continue  # listed as flaky: either outcome is expected
+        if r["status"] in ("fail", "error") and key not in expected:
+            out.append((key, f"unexpected {r['status']}: {r['detail']}"))
+        elif r["status"] == "pass" and key in expected:
+            out.append((key, f"unexpected pass (listed as: {expected[key]})"))
+    return out
+
+
+def select_ops(names=None):
+    from torch.testing._internal.common_methods_invocations import op_db
+    keys = [op_key(op) for op in op_db]
+    if names:
+        want = set(names)
+        keys = [k for k in keys if k in want or k.split(".", 1)[0] in want]
+        missing = want - {k for k in keys} - {k.split(".", 1)[0] for k in keys}
+        if missing:
+            print(f"warning: no OpInfo named {sorted(missing)}", file=sys.stderr)
+    return keys
+
+
+def sweep(ops, dtypes, limit=3, grad=False, workers=1, timeout=120, progress=None):
+    tasks = [(k, tuple(dtypes), limit, grad, timeout) for k in ops]
+    results = []
+    if workers <= 1:
+        _init_worker(2)
+        for i, t in enumerate(tasks):
+            res = run_op(t)
+            results.extend(res)
+            if progress:
+                progress(i + 1, len(tasks), t[0], res)
+        return results
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(1,), maxtasksperchild=40) as pool:
+        for i, res in enumerate(pool.imap_unordered(run_op, tasks)):
+            results.extend(res)
+            if progress:
+                progress(i + 1, len(tasks), res[0]["op"] if res else "?", res)
+    return results
+
+
+def report(results, expected, grad=False, verbose=False, file=sys.stdout):
+    p = lambda *a: print(*a, file=file)  # noqa: E731
+    counts = Counter(r["status"] for r in results)
+    p("\n=== OpInfo sweep" + (" (gradients)" if grad else "") + " ===")
+    p("counts per (op, dtype): " + ", ".join(f"{c}={counts.get(c, 0)}" for c in ("pass", "fail", "error", "skip")))
+    eager_ok = [r for r in results if r["status"] != "skip" or r.get("eager_ok")]
+    npass = sum(r["status"] == "pass" for r in eager_ok)
+    if eager_ok:
+        p(f"pass rate over (op, dtype) pairs eager (and Dynamo) can run: {npass}/{len(eager_ok)} = "
+          f"{100.0 * npass / len(eager_ok):.1f}%")
+    nrun = sum(r["status"] in ("pass", "fail", "error") for r in results)
+    if nrun:
+        p(f"pass rate over pairs ember was asked to compile: {npass}/{nrun} = {100.0 * npass / nrun:.1f}%")
+    vac = [r for r in results if r["status"] == "pass" and r["samples"]
+           and all(x["detail"].startswith("vacuous") for x in r["samples"] if x["status"] == "pass")]
+    if vac:
+        p(f"  of the passes, {len(vac)} are vacuous (Dynamo gave ember no graph), e.g. "
+          + ", ".join(sorted({r['op'] for r in vac})[:12]))
+    for dt in sorted({r["dtype"] for r in results}):
+        c = Counter(r["status"] for r in results if r["dtype"] == dt)
+        p(f"  {dt:9s} " + " ".join(f"{k}={c.get(k, 0)}" for k in ("pass", "fail", "error", "skip")))
+    fails = [r for r in results if r["status"] == "fail"]
+    if fails:
+        p(f"\n!!! {len(fails)} MISMATCHES (possible silent wrong answers) !!!")
+        for r in sorted(fails, key=lambda r: (r["op"], r["dtype"])):
+            p(f"  FAIL {r['op']}:{r['dtype']}: {r['detail']}\n       sample: {r.get('sample', '')}")
+    errors = [r for r in results if r["status"] == "error"]
+    if errors:
+        p(f"\nerrors ({len(errors)}):")
+        causes = Counter(re.sub(r"\d+", "N", r["detail"].split("  [")[0])[:140] for r in errors)
+        p("  top causes:")
+        for cause, n in causes.most_common(25):
+            ex = [f"{r['op']}:{r['dtype']}" for r in errors
+                  if re.sub(r"\d+", "N", r["detail"].split("  [")[0])[:140] == cause][:4]
+            p(f"   {n:4d}  {cause}   e.g. {', '.join(ex)}")
+        if verbose:
+            for r in sorted(errors, key=lambda r: (r["op"], r["dtype"])):
+                p(f"  ERROR {r['op']}:{r['dtype']}: {r['detail']}")
+    if verbose:
+        for r in sorted(results, key=lambda r: (r["op"], r["dtype"])):
+            if r["status"] == "skip":
+                p(f"  skip {r['op']}:{r['dtype']}: {r['detail'][:160]}")
+    unexpected = classify_unexpected(results, expected, grad)
+    if unexpected:
+        p(f"\nUNEXPECTED ({len(unexpected)}) vs {os.path.relpath(EXPECTED_PATH, ROOT)}:")
+        for k, w in unexpected:
+            p(f"  {k}: {w[:300]}")
+    else:
+        p("\nno unexpected results")
+    return unexpected
+
+
+def reason_for(r) -> str:
+    """A short, groupable reason for the expected-failures file."""
+    d = r["detail"]
+    if r["status"] == "fail":
+        return "MISMATCH: " + d[:200]
+    d = d.split("  [")[0]
+    return d[:200]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant)")
+    ap.add_argument("--skip-ops", help="comma-separated OpInfo names to leave out")
+    ap.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES))
+    ap.add_argument("--limit-samples", type=int, default=3)
+    ap.add_argument("--grad", action="store_true", help="float32 gradients of sum(float outputs) wrt float inputs")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per op (all its dtypes)")
+    ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--expected", default=EXPECTED_PATH)
+    ap.add_argument("--update-expected", action="store_true",
+                    help="rewrite the expected-failures file from this run (keeps entries for ops not run)")
+    ap.add_argument("--start", type=int, default=0, help="skip the first N ops (for chunked runs)")
+    ap.add_argument("--count", type=int, default=0, help="run at most N ops")
+    ap.add_argument("--resume", action="store_true", help="keep the results in JSON+'l' and run only the other ops")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+
+    dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    if a.grad:
+        dtypes = ["float32"]
+    ops = select_ops(a.ops.split(",") if a.ops else None)
+    if a.skip_ops:
+        drop = set(a.skip_ops.split(","))
+        ops = [k for k in ops if k not in drop and k.split(".", 1)[0] not in drop]
+    ops = ops[a.start:]
+    if a.count:
+        ops = ops[:a.count]
+    expected = load_expected(a.expected)
+    prior = []
+    if a.json and os.path.exists(a.json + "l"):
+        if a.resume:
+            with open(a.json + "l") as f:
+                prior = [json.loads(x) for x in f if x.strip()]
+            done = {r["op"] for r in prior}
+            ops = [k for k in ops if k not in done]
+        else:
+            os.remove(a.json + "l")
+    t0 = time.time()
+
+    def progress(i, n, key, res):
+        st = " ".join(f"{r['dtype']}={r['status']}" for r in res)
+        bad = any(r["status"] == "fail" for r in res)
+        print(f"[{i}/{n} {time.time() - t0:6.0f}s] {key}: {st}" + ("   <-- MISMATCH" if bad else ""), flush=True)
+        if a.json:  # partial results survive an interrupted run
+            with open(a.json + "l", "a") as f:
+                for r in res:
+                    f.write(json.dumps(r) + "\n")
+
+    results = prior + sweep(ops, dtypes, a.limit_samples, a.grad, a.workers, a.timeout, progress)
+    print(f"\n{len(ops)} ops in {time.time() - t0:.0f}s")
+    unexpected = report(results, expected, a.grad, a.verbose)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "results": results, "unexpected": unexpected}, f, indent=1)
+    if a.update_expected:
+        prefix = "grad:" if a.grad else ""
+        ran = {f"{prefix}{r['op']}:{r['dtype']}" for r in results}
+        new = {k: v for k, v in expected.items() if k not in ran}
+        for r in results:
+            if r["status"] in ("fail", "error"):
+                new[f"{prefix}{r['op']}:{r['dtype']}"] = reason_for(r)
+        with open(a.expected, "w") as f:
+            json.dump(dict(sorted(new.items())), f, indent=1)
+            f.write("\n")
+        print(f"wrote {len(new)} entries to {a.expected}")
+    return 1 if unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
