@@ -36,8 +36,9 @@ class Config:
     # With wrapper="fx": the FxWrapper subclass that compiles the rendered GraphModule (None: FxWrapper,
     # which runs it as is). Out-of-tree backends plug in here by overriding compile_graph(gm).
     fx_wrapper_class: Any = None
-    # Check the size and stride of every extern (ATen fallback) output at run time.
-    check_extern_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_EXTERN_LAYOUTS", False))
+    # Check the size and stride of every extern (ATen fallback) output at run time (about 1 us each): an op
+    # whose meta function disagrees with its real kernel then fails loudly instead of being misread.
+    check_extern_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_EXTERN_LAYOUTS", True))
     # Fusion switches.
     fuse: bool = True
     horizontal_fusion: bool = True

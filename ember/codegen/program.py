@@ -138,6 +138,7 @@ class ProgramBuilder:
             self.allocated.add(buf.get_name())
             self.lines.append(MultiOutputLine(buf.get_name(), buf.parent.get_name(), buf.path))
             self._bind_output_symbols(buf)
+            self._check(buf)
             return
         assert isinstance(buf, ExternKernel)
         args = [self._arg(a) for a in buf.args]
@@ -145,6 +146,10 @@ class ProgramBuilder:
         self.allocated.add(buf.get_name())
         self.lines.append(CallExtern(buf.get_name(), buf.op, args, kwargs))
         self._bind_output_symbols(buf)
+        self._check(buf)
+
+    def _check(self, buf):
+        """Kernels read extern outputs with the layout the op's meta function promised: check it."""
         if config.check_extern_layouts and buf.layout is not None:
             self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride)))
 

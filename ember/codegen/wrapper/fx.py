@@ -34,6 +34,7 @@ from torch.fx.node import has_side_effect
 
 from ...runtime.loader import load_triton_kernels
 from ..kernel import print_index
+from ...runtime import checks
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
                     Reuse, SymbolDef, View, WrapperProgram)
 
@@ -45,9 +46,7 @@ def launch_kernel(kernel, grid, *args, **meta) -> None:
 
 @has_side_effect
 def check_layout(t: torch.Tensor, size, stride, name: str) -> None:
-    if tuple(t.size()) != tuple(size) or tuple(t.stride()) != tuple(stride):
-        raise AssertionError(f"ember: {name} has an unexpected layout: size {tuple(t.size())} stride "
-                             f"{tuple(t.stride())}, expected size {tuple(size)} stride {tuple(stride)}")
+    checks.check_layout(t, size, stride, name)
 
 
 def eval_index(code: str, **symbols) -> int:

@@ -7,6 +7,7 @@ import sympy
 import torch
 
 from ... import metrics
+from ...runtime.checks import check_layout
 from ...runtime.loader import load_module, load_triton_kernels
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
@@ -17,7 +18,7 @@ class PythonWrapper:
     def __init__(self, program: WrapperProgram):
         self.program = program
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
-                                        "as_strided": torch.as_strided}
+                                        "as_strided": torch.as_strided, "check_layout": check_layout}
         self._ids: dict[int, str] = {}
 
     def const(self, obj, hint: str) -> str:
@@ -97,8 +98,7 @@ class PythonWrapper:
         if isinstance(ln, View):
             return [f"{ln.name} = as_strided({ln.base}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.offset)})"]
         if isinstance(ln, Assert):
-            return [f"assert {ln.name}.size() == {v(tuple(ln.size))} and {ln.name}.stride() == {v(tuple(ln.stride))}, "
-                    f"'ember: {ln.name} has an unexpected layout'"]
+            return [f"check_layout({ln.name}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {ln.name!r})"]
         if isinstance(ln, Return):
             vals = ", ".join(v(x) for x in ln.values)
             return [f"return ({vals}{',' if len(ln.values) == 1 else ''})"]
