@@ -29,16 +29,9 @@ class TritonBackend:
         from ..schedule.tiling import choose_tiling
         from .triton.kernel import TritonKernel
         tiling = choose_tiling(group)
-        materialize: set = set()
-        while True:
-            k = TritonKernel(name, group, graph, local, materialize, tiling).generate()
-            missing = k.needs_store - materialize
-            if not missing:
-                break
-            materialize |= missing   # a load could not be forwarded: keep that buffer in memory
+        k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
         meta = k.launch_config()
-        args = [Name(buf) for _, buf in k.args.call_order()] + [k.X] + ([k.R] if k.has_rdim else [])
-        args += [sympy.Symbol(s) for s in k.args.sizes.values()]
+        args = kernel_call_args(k)
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
         if k.tiled:
@@ -46,6 +39,24 @@ class TritonBackend:
         source = k.source()
         stored = set(k.args.outputs)
         return GeneratedKernel(DefineKernel(name, source, self.name), CallKernel(name, args, grid, meta), stored, source)
+
+
+def generate_kernel(make):
+    """Generate with make(materialize) until every load of a kernel-local buffer was forwarded; a load
+    that could not be keeps that buffer in memory on the next try."""
+    materialize: set = set()
+    while True:
+        k = make(materialize).generate()
+        missing = k.needs_store - materialize
+        if not missing:
+            return k
+        materialize |= missing
+
+
+def kernel_call_args(k) -> list:
+    """The wrapper's arguments for a kernel: buffer pointers, xnumel, rnumel, then size symbols."""
+    args = [Name(buf) for _, buf in k.args.call_order()] + [k.X] + ([k.R] if k.has_rdim else [])
+    return args + [sympy.Symbol(s) for s in k.args.sizes.values()]
 
 
 def backend_for(device: torch.device):
