@@ -1,10 +1,14 @@
 """An extern whose meta function promises another layout than its real kernel returns must never be
 misread: ember checks extern outputs (tuple elements too) at run time; a mismatch makes the graph run
 eagerly with a warning (or raises, with fallback_on_error=False)."""
+import warnings
+
 import pytest
 import torch
 
 import ember
+from ember.runtime.checks import conform_layout
+from torch.fx.experimental.proxy_tensor import make_fx
 
 _lib = torch.library.Library("ember_test_layouts", "DEF")
 _lib.define("pair(Tensor x) -> (Tensor, Tensor)")
@@ -28,16 +32,36 @@ def _fn(x):
     return a.sin() + b
 
 
-def test_mismatched_tuple_output_layout_runs_eagerly():
+def test_mismatched_tuple_output_layout_is_conformed():
+    """The real output is contiguous, the meta function says transposed: the wrapper copies it into the
+    promised layout, and the graph still runs compiled (no eager fallback, no warning)."""
     x = torch.randn(6, 4)
     with ember.config.patch(fallback_on_error=True):
         compiled = torch.compile(_fn, backend="ember")
-        with pytest.warns(RuntimeWarning, match="unexpected layout"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
             out = compiled(x)
     torch.testing.assert_close(out, _fn(x))
+    assert ember.metrics.eager_fallbacks == 0
 
 
-def test_mismatched_layout_raises_when_asked():
+def test_conform_layout_copies_strides_and_refuses_wrong_sizes():
+    t = torch.randn(4, 6)
+    c = conform_layout(t, (4, 6), (1, 4), "buf0")
+    assert c.stride() == (1, 4) and torch.equal(c, t)
+    assert conform_layout(t, (4, 6), (6, 1), "buf0") is t
+    with pytest.raises(AssertionError, match="unexpected layout"):
+        conform_layout(t, (6, 4), (4, 1), "buf0")
+
+
+_lib.define("view_pair(Tensor(a) x) -> Tensor(a)")
+_lib.impl("view_pair", lambda x: x.view(x.shape), "CompositeExplicitAutograd")
+torch.library.register_fake("ember_test_layouts::view_pair", lambda x: x.t().contiguous().t())
+
+
+def test_mismatched_aliasing_output_raises_when_asked():
+    """An output that aliases an input cannot be replaced by a copy: the check raises instead."""
     x = torch.randn(6, 4)
     with pytest.raises(AssertionError, match="unexpected layout"):
-        torch.compile(_fn, backend="ember")(x)
+        gm = make_fx(lambda t: torch.ops.ember_test_layouts.view_pair(t).sin())(x)
+        ember.compile_graph(gm, [x])([x])

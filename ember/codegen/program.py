@@ -149,11 +149,20 @@ class ProgramBuilder:
         self._check(buf)
 
     def _check(self, buf):
-        """Kernels read extern outputs with the layout the op's meta function promised: check it."""
+        """Kernels read extern outputs with the layout the op's meta function promised: check it, and
+        where the output aliases nothing, copy a mismatched one into that layout."""
         if config.check_extern_layouts and buf.layout is not None:
-            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride)))
+            conform = _aliases_nothing(buf) and buf.layout.offset == 0
+            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform))
 
     def _output_value(self, o):
         if isinstance(o, (ReinterpretView, Buffer)):
             return self._arg(o)
         return o
+
+
+def _aliases_nothing(buf) -> bool:
+    """An extern output that is fresh memory per the op's schema (no `Tensor(a)` return, no mutation)."""
+    kernel = buf.parent if isinstance(buf, MultiOutput) else buf
+    schema = getattr(kernel.op, "_schema", None)
+    return schema is not None and not kernel.mutated and all(r.alias_info is None for r in schema.returns)

@@ -14,16 +14,20 @@ import torch.fx
 
 from .. import metrics, state
 from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, Layout, Loops, MultiOutput, ReinterpretView, TensorBox
-from ..ir.symbolic import sympify
+from ..ir.symbolic import hint, sympify
 
 aten = torch.ops.aten
 
 
 def realize_arg(a, meta=None):
-    """Store a (with the dense strides of `meta`, its fake tensor, when it is not stored yet)."""
+    """Store a when it is not stored yet, in the layout eager would hand the op: `meta`'s (its fake
+    tensor's) strides where those are dense, else dense in `meta`'s dimension order. Kernels such as cuDNN
+    attention pick their output layout from their inputs' strides, and their meta functions assume
+    eager's; a contiguous copy of a permuted input would make the two disagree."""
     if isinstance(a, TensorBox):
-        if isinstance(a.data, Loops) and _dense_like(meta, a):
-            layout = Layout(a.device, a.dtype, list(a.get_size()), [sympify(s) for s in meta.stride()])
+        if isinstance(a.data, Loops) and _same_shape(meta, a):
+            stride = [sympify(s) for s in meta.stride()] if _dense(meta) else _dense_strides_like(meta, a)
+            layout = Layout(a.device, a.dtype, list(a.get_size()), stride)
             a.data = state.current_graph().register_buffer(ComputedBuffer(None, layout, a.data))
         return a.realize()
     if isinstance(a, (list, tuple)):
@@ -32,10 +36,31 @@ def realize_arg(a, meta=None):
     return a
 
 
-def _dense_like(meta, box) -> bool:
-    from .graph import _is_dense
-    return isinstance(meta, torch.Tensor) and _is_dense(meta) and meta.dim() == box.dim() and \
+def _same_shape(meta, box) -> bool:
+    return isinstance(meta, torch.Tensor) and meta.dim() == box.dim() and \
         [sympify(s) for s in meta.shape] == list(box.get_size())
+
+
+def _dense(meta) -> bool:
+    from .graph import _is_dense
+    return _is_dense(meta)
+
+
+def _dense_strides_like(meta, box) -> list:
+    """Contiguous strides for `box`'s sizes with the dimension order of `meta`'s strides (innermost =
+    smallest stride; ties keep the later dimension inner; broadcast dims, stride 0, outermost). Hints only
+    choose the order, which is valid for every size, so no guard is needed."""
+    sizes = list(box.get_size())
+
+    def key(d):
+        st = hint(sympify(meta.stride()[d]))
+        return (st if st else float("inf"), -d)
+    order = sorted(range(len(sizes)), key=key)
+    stride, step = [None] * len(sizes), sympify(1)
+    for d in order:
+        stride[d] = step
+        step = step * sizes[d]
+    return stride
 
 
 def _meta_of(a):

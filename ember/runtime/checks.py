@@ -1,16 +1,50 @@
 """Run-time checks the generated wrapper calls."""
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger("ember")
+
+
+def _mismatch(t: torch.Tensor, size, stride) -> str | None:
+    """'size' or 'stride' where `t` differs from the expected layout; size-1 dims' strides never matter."""
+    if tuple(t.size()) != size:
+        return "size"
+    if any(n != 1 and a != b for n, a, b in zip(size, t.stride(), stride)):
+        return "stride"
+    return None
+
+
+def _message(t, size, stride, name) -> str:
+    return (f"ember: {name} has an unexpected layout: size {tuple(t.size())} stride {tuple(t.stride())}, "
+            f"expected size {size} stride {stride}")
 
 
 def check_layout(t: torch.Tensor, size, stride, name: str) -> None:
     """An extern (ATen) output must have the layout ember's kernels will read it with. Its layout comes
     from the op's meta function, which can disagree with the real kernel (seen with cuDNN attention):
-    raise instead of reading it wrongly. Strides of size-1 dims never matter and are not compared."""
+    raise instead of reading it wrongly."""
     if t is None:
         return          # an optional output the op left undefined (cuDNN attention's debug mask ...)
     size, stride = tuple(size), tuple(stride)
-    if tuple(t.size()) != size or any(n != 1 and a != b for n, a, b in zip(size, t.stride(), stride)):
-        raise AssertionError(f"ember: {name} has an unexpected layout: size {tuple(t.size())} stride "
-                             f"{tuple(t.stride())}, expected size {size} stride {stride}")
+    if _mismatch(t, size, stride):
+        raise AssertionError(_message(t, size, stride, name))
+
+
+def conform_layout(t: torch.Tensor, size, stride, name: str) -> torch.Tensor:
+    """`t`, or a copy of it with the strides the op's meta function promised when the real kernel chose
+    others (cuDNN attention returns its output contiguous for contiguous inputs, its meta says
+    (B, S, H, D)-major). Only for outputs that alias nothing, so a copy changes no one's view of memory.
+    A wrong size is never conformed: it means the graph itself is wrong."""
+    if t is None:
+        return t
+    size, stride = tuple(size), tuple(stride)
+    what = _mismatch(t, size, stride)
+    if what is None:
+        return t
+    if what == "size":
+        raise AssertionError(_message(t, size, stride, name))
+    log.debug("%s: copying into the promised layout", _message(t, size, stride, name))
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

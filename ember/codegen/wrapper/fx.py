@@ -12,7 +12,7 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     CallExtern       call_function of the op
     MultiOutputLine  operator.getitem
     View             torch.as_strided
-    Assert           check_layout(tensor, size, stride, name)
+    Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
     Return           the output node
 
 Kernels write their outputs in place and return None, so nothing uses a launch node's value:
@@ -247,8 +247,11 @@ class FxRenderer:
                                                self.value(tuple(ln.stride)), self.value(ln.offset)))
 
     def assert_(self, ln: Assert):
-        self.graph.call_function(check_layout, (self.lookup(ln.name), self.value(tuple(ln.size)),
-                                                self.value(tuple(ln.stride)), ln.name))
+        args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name)
+        if ln.conform:
+            self._call(ln.name, checks.conform_layout, args)
+        else:
+            self.graph.call_function(check_layout, args)
 
     def return_(self, ln: Return):
         self.graph.output(tuple(self.value(v) for v in ln.values))

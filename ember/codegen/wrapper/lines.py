@@ -83,10 +83,12 @@ class View:
 
 @dataclasses.dataclass
 class Assert:
-    """Check a tensor's size and stride at run time (extern outputs, when config asks)."""
+    """Check a tensor's size and stride at run time (extern outputs, when config asks). With `conform`,
+    a tensor with other strides is replaced by a copy in the expected layout instead of raising."""
     name: str
     size: list
     stride: list
+    conform: bool = False
 
 
 @dataclasses.dataclass

@@ -7,7 +7,7 @@ import sympy
 import torch
 
 from ... import metrics
-from ...runtime.checks import check_layout
+from ...runtime.checks import check_layout, conform_layout
 from ...runtime.loader import load_module, load_triton_kernels
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
@@ -18,7 +18,8 @@ class PythonWrapper:
     def __init__(self, program: WrapperProgram):
         self.program = program
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
-                                        "as_strided": torch.as_strided, "check_layout": check_layout}
+                                        "as_strided": torch.as_strided, "check_layout": check_layout,
+                                        "conform_layout": conform_layout}
         self._ids: dict[int, str] = {}
 
     def const(self, obj, hint: str) -> str:
@@ -98,7 +99,8 @@ class PythonWrapper:
         if isinstance(ln, View):
             return [f"{ln.name} = as_strided({ln.base}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.offset)})"]
         if isinstance(ln, Assert):
-            return [f"check_layout({ln.name}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {ln.name!r})"]
+            args = f"{ln.name}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {ln.name!r}"
+            return [f"{ln.name} = conform_layout({args})" if ln.conform else f"check_layout({args})"]
         if isinstance(ln, Return):
             vals = ", ".join(v(x) for x in ln.values)
             return [f"return ({vals}{',' if len(ln.values) == 1 else ''})"]
