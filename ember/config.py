@@ -48,6 +48,9 @@ class Config:
     inline_max_reads: int = 2
     # Any pointwise body larger than this is realized, to bound kernel size.
     realize_max_ops: int = 160
+    # Time a few block-size / warp configs of each large GPU kernel on its first call and keep the fastest
+    # (cached on disk); False uses the heuristic's choice (codegen/triton/heuristics.py).
+    autotune: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_AUTOTUNE", True))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).

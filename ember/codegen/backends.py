@@ -1,5 +1,5 @@
 """Kernel backends, chosen by device: Triton on GPUs; on CPUs the backend `config.cpu_backend` names
-(Triton through its interpreter, for tests, until the C++ backend lands). This is the one place that
+(C++/OpenMP by default, or Triton through its interpreter for tests). This is the one place that
 decides; nothing outside codegen/ asks which backend is in use."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from .. import config
 from ..ir.symbolic import FloorDiv
+from ..runtime.autotune import KernelTuning
 from .wrapper.lines import CallKernel, DefineKernel, Name
 
 
@@ -24,6 +25,7 @@ class GeneratedKernel:
 class TritonBackend:
     def __init__(self, interpret: bool):
         self.name = "triton-interpret" if interpret else "triton"
+        self.tunes = config.autotune and not interpret
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
         from ..schedule.tiling import choose_tiling
@@ -32,13 +34,28 @@ class TritonBackend:
         k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
         meta = k.launch_config()
         args = kernel_call_args(k)
+        source = k.source()
+        stored = set(k.args.outputs)
+        tuning = self._tuning(k, meta)
+        if tuning:
+            return GeneratedKernel(DefineKernel(name, source, self.name, tuning), CallKernel(name, args, None, {}),
+                                   stored, source)
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
         if k.tiled:
             grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
-        source = k.source()
-        stored = set(k.args.outputs)
         return GeneratedKernel(DefineKernel(name, source, self.name), CallKernel(name, args, grid, meta), stored, source)
+
+    def _tuning(self, k, meta):
+        if not self.tunes:
+            return None
+        from .triton.heuristics import candidate_configs
+        configs = candidate_configs(k, meta)
+        if len(configs) < 2:
+            return None
+        ptrs = k.args.call_order()
+        written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+        return KernelTuning(configs, len(ptrs), k.tiled, written)
 
 
 def generate_kernel(make):

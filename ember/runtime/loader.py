@@ -81,4 +81,6 @@ def load_triton_kernels(kernels, backend: str) -> dict:
         check_interpreter()
     source = _HEADER[backend] + "\n\n" + "\n\n".join(k.source for k in kernels)
     mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
-    return {k.name: getattr(mod, k.name) for k in kernels}
+    from .autotune import Autotuned
+    return {k.name: Autotuned(getattr(mod, k.name), k.tuning, k.source) if k.tuning else getattr(mod, k.name)
+            for k in kernels}

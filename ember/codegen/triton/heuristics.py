@@ -1,4 +1,5 @@
-"""Block sizes and warps for a kernel, from its shape (no autotuning yet)."""
+"""Block sizes and warps for a kernel, from its shape: one heuristic choice (`launch_config`), and a few
+candidates around it that the autotuner times on the GPU (`candidate_configs`)."""
 from __future__ import annotations
 
 import sympy
@@ -62,3 +63,44 @@ def _reads_rows_contiguously(kernel) -> bool:
                 coeff = sympy.expand(e).coeff(RINDEX)
                 return coeff == 1
     return True
+
+
+# Below this many elements a kernel is bound by its launch, not its config: tuning it only costs compiles.
+TUNE_MIN_ELEMENTS = 1 << 20
+
+
+def candidate_configs(kernel, best: dict) -> list[dict]:
+    """Launch configs worth timing for this kernel, `best` (the heuristic's) first; [best] alone when the
+    kernel is too small for the choice to matter. A handful only: each candidate is one Triton compile."""
+    X = max(1, hint(kernel.X))
+    R = max(1, hint(kernel.R)) if kernel.has_rdim else 1
+    if X * R < TUNE_MIN_ELEMENTS:
+        return [best]
+    if not kernel.has_rdim:
+        cands = [{"XBLOCK": xb, "num_warps": w} for xb, w in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
+    elif kernel.tiled:
+        cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
+                 for xb, rb, w in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4))]
+    elif kernel.persistent:
+        rblock = best["RBLOCK"]
+        cands = []
+        for xb in (1, 2, 4, 8, 16, 32):
+            n = xb * rblock
+            if n > 32768 or xb > next_pow2(X):
+                continue
+            for w in (max(1, n // 1024), max(1, n // 512), max(1, n // 256)):
+                if w <= 16:
+                    cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
+    elif _reads_rows_contiguously(kernel):
+        cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
+                 for xb, rb, w in ((1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (1, 4096, 16), (2, 1024, 8),
+                                   (4, 512, 8))
+                 if rb <= max(next_pow2(R), 1024)]
+    else:
+        cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
+                 for xb, rb, w in ((64, 32, 8), (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8))]
+    out = [best]
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out[:8]

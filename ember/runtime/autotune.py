@@ -1,0 +1,130 @@
+"""Autotuning: time a kernel's candidate launch configs (block sizes, warps) on its first call for a
+size, launch the fastest from then on, and remember the choice on disk.
+
+The candidates come from `codegen/triton/heuristics.py` (the heuristic's own choice first); the wrapper
+calls a tuned kernel as `kernel.run(*args)` with no grid, since the grid follows the chosen block size.
+Tuning runs the kernel on the call's real arguments, so every buffer the kernel writes is first copied
+and restored afterwards: a kernel that reads what it writes (in place, atomic accumulation) then still
+sees the values it would have seen untuned.
+
+The choice is keyed by the kernel's source, the device and the sizes in its arguments rounded up to
+powers of two (a dynamic-shape kernel tunes once per size class, not per size), and stored as JSON
+under `<ember cache dir>/autotune/`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+
+import torch
+
+from .loader import cache_dir
+
+log = logging.getLogger("ember")
+
+
+@dataclasses.dataclass
+class KernelTuning:
+    """What the launcher needs beyond the kernel: candidates and where the sizes sit in the arguments."""
+    configs: list          # launch metas ({"XBLOCK": .., "RBLOCK": .., "num_warps": ..}), best guess first
+    xnumel_arg: int        # position of xnumel in the call's arguments (rnumel follows it)
+    tiled: bool            # 2-D grid: (x blocks, r blocks)
+    written: list          # positions of the arguments the kernel writes
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class Autotuned:
+    """A Triton kernel with several launch configs; `run(*args)` launches the best one for these sizes."""
+
+    def __init__(self, fn, tuning: KernelTuning, source: str):
+        self.fn, self.tuning = fn, tuning
+        self.key = hashlib.sha256(source.encode()).hexdigest()[:24]
+        self.best: dict = {}          # size key -> config
+
+    def grid(self, cfg: dict, args) -> tuple:
+        x = args[self.tuning.xnumel_arg]
+        g = (_cdiv(x, cfg["XBLOCK"]),)
+        if self.tuning.tiled:
+            g += (_cdiv(args[self.tuning.xnumel_arg + 1], cfg["RBLOCK"]),)
+        return g
+
+    def launch(self, cfg: dict, args) -> None:
+        self.fn[self.grid(cfg, args)](*args, **cfg)
+
+    def run(self, *args) -> None:
+        sizes = tuple(_pow2(a) for a in args if isinstance(a, int) and not isinstance(a, bool))
+        cfg = self.best.get(sizes)
+        if cfg is None:
+            cfg = self.best[sizes] = self._load(sizes) or self._tune(sizes, args)
+        self.launch(cfg, args)
+
+    # -- choosing ----------------------------------------------------------------------------------------
+
+    def _path(self, sizes) -> str:
+        dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        h = hashlib.sha256(f"{self.key}|{dev}|{sizes}".encode()).hexdigest()[:24]
+        return os.path.join(cache_dir(), "autotune", f"{h}.json")
+
+    def _load(self, sizes):
+        try:
+            with open(self._path(sizes)) as f:
+                cfg = json.load(f)
+            return cfg if cfg in self.tuning.configs else None
+        except (OSError, ValueError):
+            return None
+
+    def _tune(self, sizes, args) -> dict:
+        saved = {i: args[i].clone() for i in self.tuning.written}
+        timings = []
+        for cfg in self.tuning.configs:
+            try:
+                timings.append((self._time(cfg, args), cfg))
+            except Exception as e:          # a config the compiler rejects (too many registers ...)
+                log.debug("ember autotune: %s rejected: %s", cfg, e)
+        for i, t in saved.items():
+            args[i].copy_(t)
+        if not timings:
+            raise RuntimeError(f"ember autotune: no candidate config of this kernel runs: {self.tuning.configs}")
+        best = min(timings, key=lambda tc: tc[0])[1]
+        log.debug("ember autotune: %s", [(round(t * 1e3, 1), c) for t, c in timings])
+        self._save(sizes, best)
+        return best
+
+    def _time(self, cfg, args) -> float:
+        """Median time of one launch in ms (a first launch compiles and warms up)."""
+        self.launch(cfg, args)
+        once = self._time_once(cfg, args)
+        reps = max(3, min(25, int(2.0 / max(once, 1e-3))))    # about 2 ms of launches, 3 to 25 of them
+        times = sorted(self._time_once(cfg, args) for _ in range(reps))
+        return times[len(times) // 2]
+
+    def _time_once(self, cfg, args) -> float:
+        if not torch.cuda.is_available():      # the interpreter (tests of this module on a CPU)
+            t0 = time.perf_counter()
+            self.launch(cfg, args)
+            return (time.perf_counter() - t0) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.launch(cfg, args)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def _save(self, sizes, cfg) -> None:
+        path = self._path(sizes)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(cfg, f)
+        os.replace(tmp, path)
