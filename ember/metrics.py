@@ -8,14 +8,16 @@ generated_kernel_count = 0
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 buffers_allocated = 0                                      # buffers the wrappers allocate (per compile)
 eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
+in_place_buffers = 0                                       # kernel outputs written over a dying input's memory
 
 
 def reset() -> None:
-    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks
+    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers
     graphs_compiled = 0
     generated_kernel_count = 0
     buffers_allocated = 0
     eager_fallbacks = 0
+    in_place_buffers = 0
     fallbacks.clear()
 
 
@@ -26,4 +28,5 @@ def summary() -> dict:
         "fallbacks": dict(fallbacks),
         "buffers_allocated": buffers_allocated,
         "eager_fallbacks": eager_fallbacks,
+        "in_place_buffers": in_place_buffers,
     }

@@ -9,7 +9,7 @@ from .. import config, metrics
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
                         MutationBuffer, ReinterpretView)
 from ..ir.symbolic import sympify
-from ..schedule.memory import kernel_local_buffers, last_uses
+from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from .backends import backend_for
 from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, Reuse, SymbolDef, View,
                             WrapperProgram)
@@ -27,6 +27,8 @@ class ProgramBuilder:
         self.bound: set = set()      # size symbols the wrapper has bound so far
         self.layouts: dict = {}      # buffers this wrapper allocated -> layout key (reusable once dead)
         self.pool: dict = {}         # layout key -> [(dead buffer, the Free line that dropped it)]
+        self.dying: set = set()      # buffers read for the last time by the kernel being generated
+        self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -38,6 +40,8 @@ class ProgramBuilder:
         freeable |= {n for n, b in g.graph_inputs.items() if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
         for i, group in enumerate(self.groups):
             if group.is_kernel():
+                # buffers this wrapper allocated that die in this kernel: their memory may take its outputs
+                self.dying = {s for s in group.reads if last.get(s) == i and s in self.layouts and s not in outputs}
                 self._kernel(group, local[group.id])
             else:
                 for n in group.nodes:
@@ -48,7 +52,7 @@ class ProgramBuilder:
                 free = Free(dead)
                 self.lines.append(free)
                 for name in dead:
-                    if name in self.layouts:
+                    if name in self.layouts and name not in self.handed_over:
                         self.pool.setdefault(self.layouts[name], []).append((name, free))
         self.lines.append(Return([self._output_value(o) for o in g.outputs]))
         return WrapperProgram(list(g.graph_input_names), self.lines, dict(g.constants))
@@ -87,20 +91,28 @@ class ProgramBuilder:
                 out.add(o.storage_name())
         return out
 
-    def _allocate(self, buf: Buffer):
+    def _allocate(self, buf: Buffer, group=None):
         name = buf.get_name()
         if name in self.allocated or isinstance(buf, (MutationBuffer, InputBuffer)):
             return
         self.allocated.add(name)
-        l = buf.layout
-        key = (tuple(l.size), tuple(l.stride), l.offset, l.dtype, l.device)
-        if self.pool.get(key):
+        key = _layout_key(buf.layout)
+        in_place = next((old for old in sorted(self.dying) if self.layouts[old] == key
+                         and can_overwrite(group, old, name)), None) if group is not None else None
+        if in_place is not None:
+            # computed in place: the kernel reads each element of `old` just before writing it to `name`
+            self.dying.discard(in_place)
+            self.handed_over.add(in_place)
+            metrics.in_place_buffers += 1
+            self.lines.append(Reuse(name, in_place, release_old=False))   # the kernel still reads `old`
+        elif self.pool.get(key):
             # a dead buffer of the same layout: take its memory instead of allocating
             old, free = self.pool[key].pop()
             free.names.remove(old)
             self.lines.append(Reuse(name, old))
         else:
             metrics.buffers_allocated += 1
+            l = buf.layout
             self.lines.append(Allocate(name, list(l.size), list(l.stride), l.dtype, l.device))
         self.layouts[name] = key
 
@@ -112,7 +124,7 @@ class ProgramBuilder:
         self.kernels.append((group, gen))
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
-                self._allocate(n.buf)
+                self._allocate(n.buf, group)
         self.lines.append(gen.define)
         self.lines.append(gen.call)
 
@@ -154,6 +166,9 @@ class ProgramBuilder:
         if config.check_extern_layouts and buf.layout is not None:
             conform = _aliases_nothing(buf) and buf.layout.offset == 0
             self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform))
+            if conform:
+                # memory of its own, in a known layout: reusable once dead, like an allocation
+                self.layouts[buf.get_name()] = _layout_key(buf.layout)
 
     def _output_value(self, o):
         if isinstance(o, (ReinterpretView, Buffer)):
@@ -166,3 +181,7 @@ def _aliases_nothing(buf) -> bool:
     kernel = buf.parent if isinstance(buf, MultiOutput) else buf
     schema = getattr(kernel.op, "_schema", None)
     return schema is not None and not kernel.mutated and all(r.alias_info is None for r in schema.returns)
+
+
+def _layout_key(l) -> tuple:
+    return (tuple(l.size), tuple(l.stride), l.offset, l.dtype, l.device)

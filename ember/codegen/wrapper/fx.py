@@ -8,7 +8,8 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     Free             nothing: FX's generated code drops each value after its last use
     Reuse            the new name aliases the old buffer's node
     DefineKernel     get_attr of the loaded kernel (source in node.meta["ember_kernel_source"])
-    CallKernel       launch_kernel(kernel, grid, *args, **meta), sizes computed in the graph
+    CallKernel       launch_kernel(kernel, grid, *args, **meta), sizes computed in the graph (grid None:
+                     an autotuned kernel, launched as kernel.run(*args))
     CallExtern       call_function of the op
     MultiOutputLine  operator.getitem
     View             torch.as_strided
@@ -41,7 +42,10 @@ from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free
 
 @has_side_effect
 def launch_kernel(kernel, grid, *args, **meta) -> None:
-    kernel[tuple(grid)](*args, **meta)
+    if grid is None:
+        kernel.run(*args)        # autotuned: the grid follows the config it picks
+    else:
+        kernel[tuple(grid)](*args, **meta)
 
 
 @has_side_effect
@@ -213,7 +217,8 @@ class FxRenderer:
 
     def reuse(self, ln: Reuse):
         self.env[ln.name] = self.lookup(ln.old)
-        del self.env[ln.old]
+        if ln.release_old:
+            del self.env[ln.old]
 
     def define_kernel(self, ln: DefineKernel):
         node = self.attr(self.kernels[ln.name], ln.name)
@@ -225,7 +230,8 @@ class FxRenderer:
         kernel = self.env.get(f"<kernel {ln.name}>")
         if kernel is None:
             kernel = self.attr(self.kernels[ln.name], ln.name)
-        args = (kernel, self.value(tuple(ln.grid))) + tuple(self.value(a) for a in ln.args)
+        grid = None if ln.grid is None else self.value(tuple(ln.grid))
+        args = (kernel, grid) + tuple(self.value(a) for a in ln.args)
         node = self.graph.create_node("call_function", launch_kernel, args,
                                       {k: self.value(v) for k, v in ln.meta.items()}, name=f"{ln.name}_launch")
         node.meta["ember_kernel"] = ln.name

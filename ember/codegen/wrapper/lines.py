@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import torch
 
+from ...runtime.autotune import KernelTuning
+
 
 class Name(str):
     """A reference to a value bound in the wrapper (an input, a buffer, a symbol)."""
@@ -37,9 +39,11 @@ class Free:
 
 @dataclasses.dataclass
 class Reuse:
-    """Give a dead buffer's memory to a new one of the same size and layout."""
+    """Give a dead buffer's memory to a new one of the same size and layout. With release_old False the
+    old name stays bound (an in-place kernel reads it while writing the new one; a Free drops it later)."""
     name: str
     old: str
+    release_old: bool = True
 
 
 @dataclasses.dataclass
@@ -47,14 +51,15 @@ class DefineKernel:
     name: str
     source: str
     backend: str         # "triton" | "triton-interpret" | "cpp"
+    tuning: Optional[KernelTuning] = None   # candidate launch configs, timed at first call (autotuning)
 
 
 @dataclasses.dataclass
 class CallKernel:
     name: str
     args: list           # Names and sympy expressions
-    grid: list           # sympy expressions
-    meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps
+    grid: Optional[list]  # sympy expressions; None for an autotuned kernel, whose grid follows its config
+    meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps (empty when autotuned)
 
 
 @dataclasses.dataclass

@@ -82,12 +82,14 @@ class PythonWrapper:
         if isinstance(ln, Free):
             return [f"del {', '.join(ln.names)}"] if ln.names else []
         if isinstance(ln, Reuse):
-            return [f"{ln.name} = {ln.old}; del {ln.old}"]
+            return [f"{ln.name} = {ln.old}; del {ln.old}" if ln.release_old else f"{ln.name} = {ln.old}"]
         if isinstance(ln, DefineKernel):
             return []
         if isinstance(ln, CallKernel):
             meta = ", ".join(f"{k}={v(x)}" for k, x in ln.meta.items())
             args = ", ".join(v(a) for a in ln.args)
+            if ln.grid is None:
+                return [f"{ln.name}.run({args})"]
             return [f"{ln.name}[{v(tuple(ln.grid))}]({args}, {meta})"]
         if isinstance(ln, CallExtern):
             op = self.const(ln.op, f"aten_{ln.op.__name__}" if hasattr(ln.op, "__name__") else "op")

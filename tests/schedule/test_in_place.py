@@ -1,0 +1,53 @@
+"""A kernel output takes the memory of an input the kernel reads for the last time, element for element
+(memory planning's in-place rule), and never when another pass of the kernel still reads that input."""
+import pytest
+import torch
+
+import ember
+from ember.testing import check
+
+
+def _softmax_of_matmul(a, b):
+    h = a @ b                                  # an extern's output, read only by the next kernel
+    return torch.softmax(h, -1) @ b
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_epilogue_overwrites_its_dying_input(looped, device):
+    a, b = torch.randn(16, 48, device=device), torch.randn(48, 48, device=device)
+    with ember.config.patch(persistent_reduction_max=16 if looped else 16384):
+        check(_softmax_of_matmul, a, b)
+    assert ember.metrics.in_place_buffers == 1
+    assert ember.metrics.buffers_allocated == 0
+
+
+def test_no_in_place_when_a_later_pass_reads_the_input(device):
+    """`twice` could overwrite h element for element, but the softmax's second pass reads h after the
+    pass that writes `twice`: only the softmax output, in the last pass, may take h's memory."""
+    def f(a, b):
+        h = a @ b
+        return h * 2, torch.softmax(h, -1)
+    a, b = torch.randn(16, 48, device=device), torch.randn(48, 48, device=device)
+    for limit in (16, 16384):
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        with ember.config.patch(persistent_reduction_max=limit):
+            check(f, a, b)
+        assert ember.metrics.in_place_buffers <= 1
+
+
+def test_no_in_place_through_a_transposed_read(device):
+    def f(a, b):
+        h = a @ b
+        return h.t() + h
+    a, b = torch.randn(32, 32, device=device), torch.randn(32, 32, device=device)
+    check(f, a, b)
+    assert ember.metrics.in_place_buffers == 0
+
+
+def test_graph_inputs_are_never_overwritten(device):
+    x = torch.randn(64, 64, device=device)
+    before = x.clone()
+    check(lambda t: (t * 2).exp(), x)
+    assert torch.equal(x, before)
+    assert ember.metrics.in_place_buffers == 0
