@@ -50,7 +50,8 @@ class Autotuned:
     def __init__(self, fn, tuning: KernelTuning, source: str):
         self.fn, self.tuning = fn, tuning
         self.key = hashlib.sha256(source.encode()).hexdigest()[:24]
-        self.best: dict = {}          # size key -> config
+        self.best: dict = {}          # size class (powers of two) -> config
+        self.ready: dict = {}         # exact size arguments -> (config, grid)
 
     def grid(self, cfg: dict, args) -> tuple:
         x = args[self.tuning.xnumel_arg]
@@ -63,11 +64,18 @@ class Autotuned:
         self.fn[self.grid(cfg, args)](*args, **cfg)
 
     def run(self, *args) -> None:
-        sizes = tuple(_pow2(a) for a in args if isinstance(a, int) and not isinstance(a, bool))
-        cfg = self.best.get(sizes)
-        if cfg is None:
-            cfg = self.best[sizes] = self._load(sizes) or self._tune(sizes, args)
-        self.launch(cfg, args)
+        # the launch path runs on every call: one dict lookup by the exact sizes (xnumel, rnumel and size
+        # symbols sit at the end of the arguments) finds the config and its grid
+        ints = args[self.tuning.xnumel_arg:]
+        hit = self.ready.get(ints)
+        if hit is None:
+            sizes = tuple(_pow2(a) for a in ints if isinstance(a, int) and not isinstance(a, bool))
+            cfg = self.best.get(sizes)
+            if cfg is None:
+                cfg = self.best[sizes] = self._load(sizes) or self._tune(sizes, args)
+            hit = self.ready[ints] = (cfg, self.grid(cfg, args))
+        cfg, grid = hit
+        self.fn[grid](*args, **cfg)
 
     # -- choosing ----------------------------------------------------------------------------------------
 
