@@ -90,14 +90,14 @@ def c_literal(value, dtype: torch.dtype) -> str:
 
 # name -> format; {0} the operand, {t} its C++ type
 _UNARY = {
-    "neg": "(-{0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})", "expm1": "std::expm1({0})",
+    "neg": "(-{0})", "exp": "ember::exp_({0})", "exp2": "std::exp2({0})", "expm1": "std::expm1({0})",
     "log": "std::log({0})", "log2": "std::log2({0})", "log10": "std::log10({0})", "log1p": "std::log1p({0})",
     "sqrt": "std::sqrt({0})", "rsqrt": "(static_cast<{t}>(1) / std::sqrt({0}))", "sin": "std::sin({0})",
     "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
     "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})", "tanh": "std::tanh({0})",
-    "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})", "erf": "std::erf({0})",
+    "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})", "erf": "ember::erf_({0})",
     "erfc": "std::erfc({0})", "erfinv": "ember::erfinv<{t}>({0})",
-    "sigmoid": "(static_cast<{t}>(1) / (static_cast<{t}>(1) + std::exp(-{0})))",
+    "sigmoid": "(static_cast<{t}>(1) / (static_cast<{t}>(1) + ember::exp_(-{0})))",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "trunc": "std::trunc({0})",
     "round": "std::nearbyint({0})", "reciprocal": "(static_cast<{t}>(1) / {0})", "square": "({0} * {0})",
     "lgamma": "std::lgamma({0})", "relu": "({0} < 0 ? static_cast<{t}>(0) : {0})",
@@ -172,6 +172,16 @@ class MathOps:
             fn = _FLOAT_BINARY[name]
             return lambda a, b: self._float_binary(fn, a, b)
         raise AttributeError(name)
+
+    def rand(self, seed, offset):
+        return self._op(f"ember::philox_rand({seed}, {offset})", torch.float32, seed, offset)
+
+    def randn(self, seed, offset):
+        return self._op(f"ember::philox_randn({seed}, {offset})", torch.float32, seed, offset)
+
+    def randint64(self, seed, offset, low, high):
+        return self._op(f"ember::philox_randint64({seed}, {offset}, {low}, {high})", torch.int64,
+                        seed, offset, low, high)
 
     def _typed(self, fn: str, a, b):
         dt = result_dtype(a, b)

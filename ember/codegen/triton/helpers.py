@@ -85,3 +85,11 @@ def remainder_float(a, b, r):
     # r is fmod(a, b), computed by the caller (libdevice is backend-specific)
     fix = (r != 0) & ((r < 0) != (b < 0))
     return tl.where(fix, r + b, r)
+
+
+@triton.jit
+def randint64(seed, offset, low, high):
+    # two Philox words as one uint64, reduced into [low, high) (as ember::philox_randint64 in C++)
+    r0, r1, _, _ = tl.randint4x(seed, offset)
+    r = r0.to(tl.uint64) | (r1.to(tl.uint64) << 32)
+    return low + (r % (high - low).to(tl.uint64)).to(tl.int64)

@@ -103,6 +103,16 @@ class MathOps:
             return lambda a, b: self._binary_math(fn, a, b)
         raise AttributeError(name)
 
+    def rand(self, seed, offset):
+        return self._op(f"tl.rand({seed}, {_as_tensor(offset)})", torch.float32, seed, offset)
+
+    def randn(self, seed, offset):
+        return self._op(f"tl.randn({seed}, {_as_tensor(offset)})", torch.float32, seed, offset)
+
+    def randint64(self, seed, offset, low, high):
+        return self._op(f"helpers.randint64({seed}, {_as_tensor(offset)}, {_as_tensor(low)}, {_as_tensor(high)})",
+                        torch.int64, seed, offset, low, high)
+
     def _binary_math(self, fn, a, b):
         if fn == "fmod" and _is_int(a):
             return self._op(f"({a} % {b})", a.dtype, a, b)
