@@ -25,8 +25,8 @@ class _Printer(DefaultHandler):
         out = self._emit(f"reduction({rtype}, {value})")
         return _Tuple(out) if rtype == "welford" else out
 
-    def store(self, name, index, value):
-        self.lines.append(f"store({name}, {index}, {value})")
+    def store(self, name, index, value, mode=None):
+        self.lines.append(f"store({name}, {index}, {value}{f', mode={mode}' if mode else ''})")
 
     store_reduction = store
 

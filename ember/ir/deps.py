@@ -54,9 +54,13 @@ class RecordingHandler(DefaultHandler):
         self.op_count += 1
         return _V
 
-    def store(self, name, index, value):
+    def store(self, name, index, value, mode=None):
         self._note(index)
         self.writes.append(MemoryDep(name, index))
+        if mode is not None or any(s.name.startswith("indirect") for s in sympy.sympify(index).free_symbols):
+            # a read-modify-write, or a write to positions known only at run time: the buffer's earlier
+            # contents are part of the result, so the store orders and fuses as a read of them too
+            self.reads.append(MemoryDep(name, index))
         return None
 
     store_reduction = store

@@ -4,7 +4,8 @@ A value being lowered is a TensorBox around one of:
   Pointwise    ranges + inner_fn(index) -> value           (not yet stored anywhere)
   Reduction    ranges + reduction_ranges + inner_fn(index, rindex), reduced by reduction_type
   Buffer       memory with a Layout: InputBuffer, ComputedBuffer (a realized Loops), ExternKernel
-               (an ATen call), MultiOutput (one tensor of an extern's tuple), MutationBuffer
+               (an ATen call), MultiOutput (one tensor of an extern's tuple), MutationBuffer,
+               ScatterBuffer (writes at computed positions of another buffer)
   ReinterpretView  a strided view of a Buffer's storage (never copies)
 
 Realizing a TensorBox turns its Loops into a ComputedBuffer registered with the graph; every consumer
@@ -188,6 +189,21 @@ class MutationBuffer(ComputedBuffer):
 
     def storage_name(self):
         return self.target.storage_name()
+
+
+class ScatterBuffer(MutationBuffer):
+    """Writes `data` (computed over its own iteration space, a scatter's source) into `target` at
+    positions the body computes: `indexer(index)` is the target position of element `index`, usually
+    holding indirect indices. `mode` is the store mode (see ops.py): None, or "atomic_add" to
+    accumulate. Only the positions written change: the target holds its fill from earlier kernels."""
+
+    def __init__(self, name, target: Buffer, data: Loops, indexer: Callable, mode: Optional[str] = None):
+        super().__init__(name, target, data)
+        self.indexer, self.mode = indexer, mode
+
+    def store_body(self, index, rindex=()):
+        idx = self.layout.index(self.indexer(index)) - self.layout.offset
+        return ops.store(self.storage_name(), idx, self.data.inner_fn(index), mode=self.mode)
 
 
 class ExternKernel(Buffer):

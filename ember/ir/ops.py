@@ -5,11 +5,19 @@ with these methods; what a "value" is belongs to the handler (a string of code, 
 number). The full list of names a handler may be asked for is OP_NAMES; `ember.codegen` handlers must
 implement all of them (a test checks this).
 
-Memory:     load(name, index) · store(name, index, value) · store_reduction(name, index, value)
+Memory:     load(name, index) · store(name, index, value, mode=None) · store_reduction(name, index, value)
             index_expr(expr, dtype) · indirect_indexing(value, size) -> sympy symbol
+            A store's mode is one of STORE_MODES: None writes the value (where several elements of a
+            kernel write one position, as scatters with repeated indices do, any one of them wins,
+            as in eager); "atomic_add" adds it to what is there, atomically across threads, for
+            buffers of float32, float64, int32 or int64 (narrower types accumulate in a wider buffer).
 Constants:  constant(value, dtype)
 Casts:      to_dtype(x, dtype, src_dtype)
 Control:    where(cond, a, b)
+Random:     rand(seed, offset) -> float32 in [0, 1) · randn(seed, offset) -> float32 N(0, 1) ·
+            randint64(seed, offset, low, high) -> int64 in [low, high): pure functions of an int64
+            seed and an integer offset (Philox4x32-10, Triton's tl.rand convention), so recomputing
+            an element anywhere gives the same number
 Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple for welford)
 Math:       the names in UNARY, BINARY below.
 """
@@ -28,8 +36,10 @@ BINARY = (
     "bitwise_left_shift bitwise_right_shift"
 ).split()
 MEMORY = "load store store_reduction index_expr indirect_indexing constant to_dtype where reduction".split()
-OP_NAMES = tuple(UNARY + BINARY + MEMORY)
+RANDOM = "rand randn randint64".split()
+OP_NAMES = tuple(UNARY + BINARY + MEMORY + RANDOM)
 
+STORE_MODES = (None, "atomic_add")
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin", "welford")
 
 

@@ -3,7 +3,9 @@
 Two groups may fuse when they run on the same device, their iteration spaces fit one kernel (same
 (xnumel, rnumel), or a pointwise node that splits into the reduction's rows), fusing them creates no
 cycle through a third group, and every value one writes and the other reads is accessed at the same
-element (so no thread reads what another thread of the kernel writes).
+element (so no thread reads what another thread of the kernel writes). A scatter (a ScatterBuffer, or
+any store at positions loaded at run time) never shares a kernel with another reader or writer of its
+buffer.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Optional
 import sympy
 
 from .. import config
+from ..ir.nodes import ScatterBuffer
 from ..ir.symbolic import hint, statically_known_equal
 from .nodes import SchedulerNode, canonical
 
@@ -153,6 +156,8 @@ class Fusion:
         group = merged_group(a, b)
         if group is None:
             return None
+        if self._scatters_into(a, b) or self._scatters_into(b, a):
+            return None
         if any(n.has_indirect for n in a.nodes + b.nodes) and (a.writes & b.reads or b.writes & a.reads):
             # an indirect read of a value written in the same kernel may cross threads
             if not self._indirect_safe(a, b):
@@ -162,6 +167,15 @@ class Fusion:
         if self.creates_cycle(a, b):
             return None
         return group
+
+    def _scatters_into(self, a, b) -> bool:
+        """Does a scatter in a (a store at run-time positions, or any ScatterBuffer: one whose positions
+        are static can still be many elements to one, e.g. along a size-1 dim) write a buffer b reads or
+        writes? Any thread may write any element, so b runs once the whole scatter has finished: never in
+        its kernel."""
+        touched = b.reads | b.writes
+        return any(d.name in touched and (isinstance(n.buf, ScatterBuffer) or _indirect_syms(d.index))
+                   for n in a.nodes for d in n.write_deps)
 
     def _indirect_safe(self, a, b) -> bool:
         for n in a.nodes + b.nodes:
