@@ -38,4 +38,5 @@ def get_lowering(target):
 
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
-    from . import concat, creation, fallback, indexing, mutation, pointwise, reductions, views  # noqa: F401
+    from . import (concat, creation, fallback, indexing, mutation, pointwise, pooling, random,  # noqa: F401
+                   reductions, scatter, upsample, views)

@@ -1,0 +1,86 @@
+"""Upsampling (nearest, nearest-exact, bilinear) and its backwards, lowered to Pointwise kernels.
+
+torch.compile hands ember these ops already decomposed (PyTorch's Python dispatcher rewrites them into
+aten.index / index_put while AOTAutograd traces), so the lowerings are tested on ATen graphs given to
+ember.compile_graph, against the eager ATen op; one test covers the torch.compile path end to end."""
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember
+from ember.testing import assert_close, check
+
+aten = torch.ops.aten
+IN = [2, 3, 9, 11]
+
+
+def _run_aten(fn, *args, trace=make_fx, rtol=None, atol=None):
+    """Compile fn's ATen graph with ember.compile_graph; compare with eager; no op may fall back."""
+    gm = trace(fn) if trace is torch.fx.symbolic_trace else trace(fn, tracing_mode="fake")(*args)
+    out = ember.compile_graph(gm, list(args))(list(args))
+    assert_close(out[0], fn(*args), rtol, atol)
+    assert not ember.metrics.fallbacks, dict(ember.metrics.fallbacks)
+
+
+SIZES = {   # output size, (scales_h, scales_w)
+    "2x": ((18, 22), (None, None)),
+    "odd": ((13, 7), (None, None)),
+    "scales_1.5": ((13, 16), (1.5, 1.5)),
+    "down": ((4, 6), (None, None)),
+    "3x": ((27, 33), (3.0, 3.0)),
+    "same": ((9, 11), (None, None)),
+    "inconsistent_scales": ((20, 20), (2.0, 2.0)),    # sources past the input are clamped to its end
+}
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+@pytest.mark.parametrize("exact", [False, True], ids=["nearest", "exact"])
+def test_upsample_nearest2d_and_backward(device, name, exact):
+    size, scales = SIZES[name]
+    fw = aten._upsample_nearest_exact2d.default if exact else aten.upsample_nearest2d.default
+    bw = aten._upsample_nearest_exact2d_backward.default if exact else aten.upsample_nearest2d_backward.default
+    _run_aten(lambda a: fw(a, list(size), *scales), torch.randn(IN, device=device))
+    _run_aten(lambda g: bw(g, list(size), IN, *scales), torch.randn(IN[:2] + list(size), device=device))
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_bilinear2d_and_backward(device, name, align_corners):
+    size, scales = SIZES[name]
+    _run_aten(lambda a: aten.upsample_bilinear2d.default(a, list(size), align_corners, *scales),
+              torch.randn(IN, device=device))
+    _run_aten(lambda g: aten.upsample_bilinear2d_backward.default(g, list(size), IN, align_corners, *scales),
+              torch.randn(IN[:2] + list(size), device=device))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: aten.upsample_nearest2d.vec(a, None, [1.5, 2.0]),
+    lambda a: aten._upsample_nearest_exact2d.vec(a, None, [1.7, 0.6]),
+    lambda a: aten.upsample_bilinear2d.vec(a, None, False, [1.5, 2.0]),
+    lambda a: aten.upsample_bilinear2d.vec(a, [5, 20], True, None),
+], ids=["nearest", "exact", "bilinear", "bilinear_size"])
+def test_upsample_vec_overloads(device, fn):
+    _run_aten(fn, torch.randn(IN, device=device), trace=torch.fx.symbolic_trace)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_upsample_low_precision(device, dtype):
+    x = torch.randn(IN, device=device, dtype=dtype)
+    _run_aten(lambda a: aten.upsample_nearest2d.default(a, [13, 7]), x)
+    _run_aten(lambda a: aten.upsample_bilinear2d.default(a, [13, 16], False, 1.5, 1.5), x)
+    _run_aten(lambda a: aten.upsample_bilinear2d.default(a, [13, 7], True), x)
+
+
+def test_upsample_channels_last(device):
+    x = torch.randn(2, 4, 9, 11, device=device).to(memory_format=torch.channels_last)
+    _run_aten(lambda a: aten.upsample_nearest2d.default(a, [18, 22]) * 2, x)
+    _run_aten(lambda a: aten.upsample_bilinear2d.default(a, [13, 7], False), x)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact", "bilinear", "bilinear_ac"])
+def test_interpolate_through_torch_compile(device, mode):
+    kw = {"mode": "bilinear", "align_corners": True} if mode == "bilinear_ac" else {"mode": mode}
+    check(lambda a: F.interpolate(a, size=(13, 7), **kw), torch.randn(IN, device=device), grad=True)
+    assert not [op for op in ember.metrics.fallbacks if "upsample" in op or "index" in op]
