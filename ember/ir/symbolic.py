@@ -220,6 +220,10 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
     extents = dict(ranges)
+    if extents:
+        expr = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)), lambda e: _within_range(e, extents))
+        if not expr.has(FloorDiv, ModularIndexing):
+            return expr
     terms, rest = _as_mod_terms(expr)
     changed = True
     while changed:
@@ -243,6 +247,51 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
             mod = None
         out = out + _rebuild(coef, base, div, mod)
     return out
+
+
+def _upper_bound(e: Expr, extents: dict):
+    """The largest value `e` takes for variables in [0, extent), when that is easy to see, else None."""
+    total = sympy.Integer(0)
+    for t in sympy.Add.make_args(sympy.expand(e)):
+        coef, rest = t.as_coeff_Mul()
+        if not coef.is_Integer or coef < 0:
+            return None
+        if rest == 1:
+            total += coef
+        elif rest in extents:
+            total += coef * (extents[rest] - 1)
+        elif isinstance(rest, FloorDiv):
+            inner = _upper_bound(rest.args[0], extents)
+            if inner is None:
+                return None
+            total += coef * FloorDiv(inner, rest.args[1])
+        elif isinstance(rest, ModularIndexing):
+            total += coef * (rest.args[2] - 1)
+        else:
+            return None
+    return total
+
+
+def _within_range(e, extents: dict) -> Expr:
+    """Floor/mod pieces the variables' ranges decide: (v // d) is 0 when v < d, and
+    (c*v + r) // (c*k) is v // k when 0 <= r < c (likewise the mod form); views of views leave these."""
+    base, div = e.args[0], e.args[1]
+    hi = _upper_bound(base, extents)
+    if hi is not None and _known_ge(div - 1, hi):
+        return sympy.Integer(0)
+    if isinstance(e, ModularIndexing) and hi is not None and _known_ge(div * e.args[2] - 1, hi):
+        e = FloorDiv(base, div)
+        if not isinstance(e, FloorDiv):
+            return e
+    for t in sympy.Add.make_args(sympy.expand(base)):
+        c, v = t.as_coeff_Mul()
+        if not c.is_Integer or c <= 1 or v not in extents or not (div / c).is_Integer:
+            continue
+        r_hi = _upper_bound(sympy.expand(base - t), extents)
+        if r_hi is not None and _known_ge(c - 1, r_hi) and _known_ge(r_hi, 0):
+            k = sympy.Integer(div / c)
+            return FloorDiv(v, k) if isinstance(e, FloorDiv) else ModularIndexing(v, k, e.args[2])
+    return e
 
 
 def _known_ge(a: Expr, b: Expr) -> bool:

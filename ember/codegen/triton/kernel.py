@@ -26,6 +26,7 @@ from . import heuristics
 from .ops import MathOps, triton_type, compute_dtype
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
+_ATOMIC_ADD_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)   # on GPUs and in the interpreter
 
 
 class TritonKernel(MathOps, SectionedKernel):
@@ -128,7 +129,11 @@ class TritonKernel(MathOps, SectionedKernel):
         if name in self.local:
             self.needs_store.add(name)
         if name in self.stored:
+            # a value this kernel stored, at an index that did not print the same (so not forwarded):
+            # another thread of this program may have written the element, so wait for every store so
+            # far, both before the section (earlier sections) and right here (this one)
             self.section.barrier = True
+            self.emit("tl.debug_barrier()")
         buf_dtype = self.graph.get_dtype(name)
         ptr = self.args.input(name)
         mask = self.mask(kind)
@@ -143,9 +148,10 @@ class TritonKernel(MathOps, SectionedKernel):
         deps = [self._tmp_values[s.name] for s in sympy.sympify(index).free_symbols if s.name in self._tmp_values]
         return self.cse(expr, compute_dtype(buf_dtype), kind, deps=deps)
 
-    def _store(self, name: str, index, value: KValue, where: str):
+    def _store(self, name: str, index, value: KValue, where: str, mode=None):
         idx, kind = self.index_str(index)
-        self.stored.setdefault(name, {})[idx] = value
+        if mode is None:     # what an atomic add leaves there is not `value`: nothing to forward
+            self.stored.setdefault(name, {})[idx] = value
         if kind == "scalar":
             # one element (a full reduction, a 0-d result): lane 0 of the block writes it
             idx, kind = f"{idx} + tl.zeros({self.shape('x')}, tl.int32)", "x"
@@ -159,6 +165,12 @@ class TritonKernel(MathOps, SectionedKernel):
         elif value.dtype != buf_dtype:
             val = f"({val}).to({triton_type(buf_dtype)})"
         mask = self.mask(kind)
+        if mode == "atomic_add":
+            if buf_dtype not in _ATOMIC_ADD_DTYPES:
+                raise NotImplementedError(f"atomic_add into a {buf_dtype} buffer")
+            # relaxed: the kernel boundary orders the scatter against every reader of its buffer
+            self.emit(f"tl.atomic_add({ptr} + ({idx}), {val}{', mask=' + mask if mask else ''}, sem='relaxed')", where)
+            return None
         self.emit(f"tl.store({ptr} + ({idx}), {val}{', ' + mask if mask else ''})", where)
         return None
 
@@ -177,8 +189,8 @@ class TritonKernel(MathOps, SectionedKernel):
             return "[XBLOCK, 1]" if self.has_rdim else "[XBLOCK]"
         return "[]"
 
-    def store(self, name, index, value):
-        return self._store(name, index, value, "body")
+    def store(self, name, index, value, mode=None):
+        return self._store(name, index, value, "body", mode)
 
     def store_reduction(self, name, index, value):
         return self._store(name, index, value, "body" if self.persistent else "post")
@@ -332,6 +344,8 @@ class TritonKernel(MathOps, SectionedKernel):
             body += ["xindex = xoffset + tl.arange(0, XBLOCK)", "xmask = xindex < xnumel"]
         for sec in self.sections:
             if sec.kind == "loop":
+                if sec.barrier:
+                    body.append("tl.debug_barrier()")      # values hoisted into `pre` load before the loop
                 body += sec.pre
                 body.append("for roffset in range(0, rnumel, RBLOCK):")
                 inner = ["rindex = roffset + rbase", "rmask = rindex < rnumel"]

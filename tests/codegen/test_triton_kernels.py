@@ -1,0 +1,55 @@
+"""Properties of generated Triton source that the CPU interpreter cannot catch: it runs a program's threads
+one after another, where a GPU runs them at once."""
+import re
+
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.testing import check
+
+
+def _unguarded_reloads(source: str) -> list:
+    """Loads of a buffer the same kernel stored earlier with no barrier in between (a race on a GPU)."""
+    found = []
+    for kernel in source.split("@triton.jit")[1:]:
+        stored = set()
+        for line in kernel.splitlines():
+            if "debug_barrier" in line:
+                stored.clear()
+            m = re.search(r"tl\.store\((\w+) \+ ", line)
+            if m:
+                stored.add(m.group(1))
+            m = re.search(r"tl\.load\((\w+) \+ ", line)
+            if m and m.group(1) in stored:
+                found.append(line.strip())
+    return found
+
+
+class _Block(torch.nn.Module):
+    """A BERT output block under bf16 autocast: dense + residual + layer norm, and the next dense."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.dense, self.ln, self.next = torch.nn.Linear(d, d), torch.nn.LayerNorm(d), torch.nn.Linear(d, d)
+
+    def forward(self, x, res):
+        h = self.ln(self.dense(x) + res)
+        return self.next(h), h
+
+
+def test_values_stored_and_read_back_in_one_kernel_are_forwarded_or_fenced(tmp_path, device):
+    """The layer norm's output is stored, and read back by its bf16 cast through a view: that reload
+    must print the store's index (then the value is forwarded), or follow a barrier."""
+    m = _Block().to(device)
+    x, res = torch.randn(2, 32, 64, device=device), torch.randn(2, 32, 64, device=device)
+
+    def f(x, res):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return m(x, res)
+    with ember.config.patch(cpu_backend="triton", debug=True, debug_dir=str(tmp_path)):
+        check(f, x, res, grad=True, rtol=5e-2, atol=5e-2)
+    sources = [p.read_text() for p in tmp_path.rglob("kernels.py")]
+    assert sources
+    for src in sources:
+        assert _unguarded_reloads(src) == []
