@@ -8,6 +8,7 @@ import torch
 
 import ember
 from ember.runtime.checks import conform_layout
+from ember.testing import check
 from torch.fx.experimental.proxy_tensor import make_fx
 
 _lib = torch.library.Library("ember_test_layouts", "DEF")
@@ -65,3 +66,10 @@ def test_mismatched_aliasing_output_raises_when_asked():
     with pytest.raises(AssertionError, match="unexpected layout"):
         gm = make_fx(lambda t: torch.ops.ember_test_layouts.view_pair(t).sin())(x)
         ember.compile_graph(gm, [x])([x])
+
+
+def test_extern_layout_follows_the_device_specific_meta(device):
+    """On CPU, LAPACK's SVD returns Vh column-major; the meta device's function says row-major. ember must
+    take the layout for the real device, or the backward (which reads Vh as AOTAutograd saw it) is wrong."""
+    check(lambda a: torch.linalg.svdvals(a), torch.randn(5, 5, device=device), grad=True)
+    check(lambda a: torch.linalg.matrix_norm(a, "nuc"), torch.randn(4, 6, device=device), grad=True)

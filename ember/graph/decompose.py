@@ -34,7 +34,13 @@ _KEEP = [
     aten.var, aten.var_mean, aten.std, aten.std_mean, aten.gelu, aten.silu, aten.clamp_min, aten.clamp_max,
     aten.clamp, aten.where, aten.hardtanh, aten.full_like, aten.zeros_like, aten.ones_like, aten.arange,
     aten.lerp, aten.addcmul, aten.addcdiv, aten.leaky_relu, aten.nan_to_num, aten.round, aten.rsub,
+    aten.upsample_nearest2d, aten._upsample_nearest_exact2d,
 ]
+
+# Run as ATen calls even with no lowering: core ATen's decomposition of the CPU flash-attention kernel
+# returns the attention weights where the op's backward expects the logsumexp, so it only holds for
+# inference graphs.
+_NEVER = [aten._scaled_dot_product_flash_attention_for_cpu]
 
 
 @functools.lru_cache(None)
@@ -45,6 +51,9 @@ def decomposition_table() -> dict:
     for op in _KEEP:
         for name in op.overloads():
             keep.add(getattr(op, name))
+    for op in _NEVER:
+        for name in op.overloads():
+            table.pop(getattr(op, name), None)
     for op in list(table):
         if op in keep:
             # keep the decomposition only for overloads ember has no lowering for

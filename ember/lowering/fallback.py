@@ -108,31 +108,31 @@ def fallback(op, args, kwargs, node: torch.fx.Node):
     return None
 
 
-def _meta_tensor(x):
-    """An empty meta tensor with the IR node's layout (TypeError where a size is symbolic)."""
+def _fake_tensor(x):
+    """A fake tensor on x's device with the IR node's layout (TypeError where a size is symbolic)."""
     l = x.layout
     size, stride, offset = [int(s) for s in l.size], [int(s) for s in l.stride], int(l.offset)
     extent = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1 if all(size) else offset
-    return torch.empty(max(extent, 1), dtype=l.dtype, device="meta").as_strided(size, stride, offset)
+    return torch.empty(max(extent, 1), dtype=l.dtype, device=l.device).as_strided(size, stride, offset)
 
 
 def _run_on_meta(op, ir_args, ir_kwargs):
-    """The op's outputs for meta inputs with the layouts its inputs really have (None if it can't run)."""
+    """The op's outputs for fake inputs with the layouts its inputs really have (None if it can't run).
+    Fake tensors on the real device, not meta-device tensors: some meta functions choose strides by
+    device (LAPACK's column-major results on CPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     found = []
 
     def convert(a):
         if isinstance(a, (Buffer, ReinterpretView)) and a.layout is not None:
             found.append(a)
-            return _meta_tensor(a)
+            return _fake_tensor(a)
         if isinstance(a, (list, tuple)):
             return type(a)(convert(b) for b in a)
-        if isinstance(a, torch.device):
-            return torch.device("meta")
         return a
 
     try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-        with unset_fake_temporarily():
+        with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True):
             margs = [convert(a) for a in ir_args]
             mkwargs = {k: convert(v) for k, v in ir_kwargs.items()}
             return op(*margs, **mkwargs) if found else None
@@ -145,8 +145,7 @@ def _layouts(val, out):
     strides and offset of `out` (the meta run) where that ran and agrees on the size."""
     if isinstance(val, torch.Tensor):
         layout = Layout.from_tensor(val)
-        if isinstance(out, torch.Tensor) and out.device.type == "meta" and \
-                [sympify(s) for s in out.shape] == list(layout.size):
+        if _is_fake(out) and [sympify(s) for s in out.shape] == list(layout.size):
             layout = Layout(layout.device, layout.dtype, layout.size, [sympify(s) for s in out.stride()],
                             sympify(out.storage_offset()))
         return layout
@@ -154,6 +153,11 @@ def _layouts(val, out):
         outs = out if isinstance(out, (list, tuple)) and len(out) == len(val) else [None] * len(val)
         return type(val)(_layouts(v, o) for v, o in zip(val, outs))
     return val
+
+
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
 
 
 def _multi_outputs(g, kernel, spec, path):

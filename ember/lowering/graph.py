@@ -124,6 +124,16 @@ class GraphLowering(torch.fx.Interpreter):
         reads = len({d.name for d in h.reads})
         if h.op_count > config.realize_max_ops or (
                 users > 1 and (h.op_count > config.inline_max_ops or reads > config.inline_max_reads)):
+            self._store_like_eager(box, n.meta.get("val"))
+
+    def _store_like_eager(self, box: TensorBox, meta) -> None:
+        """Store a computed value with eager's strides where those are dense (channels_last stays
+        channels_last): it may turn out to be a graph output, which must have them."""
+        if isinstance(meta, torch.Tensor) and _is_dense(meta) and meta.dim() == box.dim() and \
+                [sympify(s) for s in meta.shape] == list(box.get_size()):
+            layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
+            box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
+        else:
             box.realize()
 
     def placeholder(self, target, args, kwargs):
@@ -245,7 +255,21 @@ class GraphLowering(torch.fx.Interpreter):
                     (_is_dense(meta) or _is_non_overlapping(meta)):
                 layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
             box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
+        elif isinstance(box.data, (ComputedBuffer, ExternKernel, MultiOutput)) and _differs_from(box.data.layout, meta):
+            # stored earlier with other strides than eager's: a backward graph reading this output was
+            # compiled for the fake tensor's strides, so return a copy in them
+            copy = TensorBox.pointwise(box.device, box.dtype, box.make_loader(), list(box.get_size()))
+            layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
+            box = TensorBox(self.register_buffer(ComputedBuffer(None, layout, copy.data)))
         return box.data
+
+
+def _differs_from(layout, meta) -> bool:
+    """Does a stored layout disagree with eager's dense strides (size-1 dims' strides never matter)?"""
+    if not isinstance(meta, torch.Tensor) or not _is_dense(meta) or layout is None or \
+            [sympify(s) for s in meta.shape] != list(layout.size):
+        return False
+    return any(sympify(n) != 1 and a != sympify(b) for n, a, b in zip(meta.shape, layout.stride, meta.stride()))
 
 
 _VIEW_OPS = {aten.slice.Tensor, aten.select.int, aten.permute.default, aten.transpose.int, aten.t.default,
