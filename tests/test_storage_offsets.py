@@ -29,3 +29,16 @@ def test_mutating_an_input_with_offset(device):
 
 def test_reduction_over_offset_view(device):
     check(lambda x: torch.softmax(x[:, 3:], -1), torch.randn(5, 40, device=device))
+
+
+def test_unbind_grads_of_separate_tangents(device):
+    """The backward's fake tangents say slices of one storage at offsets 0..4; the real grads of unbind's
+    outputs are separate tensors: views of them must be taken from their own offsets."""
+    x = torch.randn(5, device=device, requires_grad=True)
+    outs = torch.compile(lambda t: torch.unbind(t, 0), backend="ember")(x)
+    (g,) = torch.autograd.grad(sum(o.sum() for o in outs), [x])
+    torch.testing.assert_close(g, torch.ones_like(x))
+    y = torch.randn(5, 5, device=device, requires_grad=True)
+    outs = torch.compile(lambda t: torch.unbind(t, 1), backend="ember")(y)
+    (g,) = torch.autograd.grad(sum((o * o).sum() for o in outs), [y])
+    torch.testing.assert_close(g, 2 * y.detach())

@@ -133,7 +133,7 @@ class ProgramBuilder:
             self.views += 1
             name = f"view{self.views}"
             l = a.layout
-            self.lines.append(View(name, a.data.get_name(), list(l.size), list(l.stride), l.offset))
+            self.lines.append(View(name, a.data.get_name(), list(l.size), list(l.stride), self._view_offset(a)))
             return Name(name)
         if isinstance(a, Buffer):
             return Name(a.get_name())
@@ -169,6 +169,19 @@ class ProgramBuilder:
             if conform:
                 # memory of its own, in a known layout: reusable once dead, like an allocation
                 self.layouts[buf.get_name()] = _layout_key(buf.layout)
+
+    def _view_offset(self, view: ReinterpretView):
+        """A view's storage offset. For a view of a graph input it is taken relative to the input's offset
+        at run time: AOTAutograd's fake tangents can claim an offset the real ones lack (the grads of
+        unbind's outputs arrive as separate tensors, the fakes say slices of one)."""
+        base = view.data
+        if not isinstance(base, InputBuffer) or base.layout.offset == 0:
+            return view.layout.offset
+        sym = sympy.Symbol(f"offset_of_{base.get_name()}", integer=True, nonnegative=True)
+        if sym not in self.bound:
+            self.lines.append(SymbolDef(str(sym), base.get_name(), "offset"))
+            self.bound.add(sym)
+        return view.layout.offset - base.layout.offset + sym
 
     def _output_value(self, o):
         if isinstance(o, (ReinterpretView, Buffer)):
