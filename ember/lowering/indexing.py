@@ -69,38 +69,42 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return TensorBox.pointwise(weight.device, weight.dtype, inner_fn, list(indices.get_size()) + [width])
 
 
-@lower(aten.index.Tensor)
-def index(x, indices):
-    """x[i0, i1, ...] with index tensors (None for a whole dimension)."""
+def advanced_index_region(x: TensorBox, indices: list):
+    """(shape, indexer) of x[i0, i1, ...] with integer index tensors (None for a whole dimension):
+    the shape of the result, and a function from an index over it to a position of x. Laid out as
+    eager's advanced indexing: the broadcast index dims in place when they are adjacent, else first."""
     indices = list(indices) + [None] * (x.dim() - len(indices))
     used = [d for d, t in enumerate(indices) if t is not None]
     for d in used:
-        t = indices[d]
-        if t.dtype in (torch.bool, torch.uint8):
+        if indices[d].dtype in (torch.bool, torch.uint8):
             raise Unsupported("boolean mask indexing (the result size depends on the data)")
-        _index_dtype_ok(t)
+        _index_dtype_ok(indices[d])
     bshape = broadcast_shapes(*[indices[d].get_size() for d in used])
-    adjacent = used == list(range(used[0], used[-1] + 1))
     sizes = x.get_size()
     rest = [d for d in range(x.dim()) if d not in used]
-    if adjacent:
-        before = [d for d in rest if d < used[0]]
-        after = [d for d in rest if d > used[-1]]
+    if used == list(range(used[0], used[-1] + 1)):
+        before, after = [d for d in rest if d < used[0]], [d for d in rest if d > used[-1]]
     else:  # PyTorch puts the indexed dims first when the indices are not next to each other
         before, after = [], rest
-    out = [sizes[d] for d in before] + list(bshape) + [sizes[d] for d in after]
+    shape = [sizes[d] for d in before] + list(bshape) + [sizes[d] for d in after]
     loaders = {d: broadcast_loader(indices[d], bshape) for d in used}
-    xl = x.make_loader()
     nb, nk = len(before), len(bshape)
 
-    def inner_fn(idx):
-        bidx = idx[nb:nb + nk]
+    def indexer(idx):
         full = [None] * x.dim()
         for pos, d in enumerate(before):
             full[d] = idx[pos]
         for pos, d in enumerate(after):
             full[d] = idx[nb + nk + pos]
         for d in used:
-            full[d] = ops.indirect_indexing(loaders[d](bidx), sizes[d])
-        return xl(full)
-    return TensorBox.pointwise(x.device, x.dtype, inner_fn, out)
+            full[d] = ops.indirect_indexing(loaders[d](idx[nb:nb + nk]), sizes[d])
+        return full
+    return shape, indexer
+
+
+@lower(aten.index.Tensor)
+def index(x, indices):
+    """x[i0, i1, ...] with index tensors (None for a whole dimension)."""
+    shape, indexer = advanced_index_region(x, indices)
+    xl = x.make_loader()
+    return TensorBox.pointwise(x.device, x.dtype, lambda idx: xl(indexer(idx)), shape)

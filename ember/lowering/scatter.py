@@ -22,7 +22,8 @@ from .. import state
 from ..ir.nodes import ComputedBuffer, Layout, Pointwise, ScatterBuffer, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import product, statically_known_equal, sympify
-from .pointwise import broadcast_loader, broadcast_shapes, cast, scalar_value, to_dtype
+from .indexing import advanced_index_region
+from .pointwise import broadcast_loader, cast, scalar_value, to_dtype
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -176,37 +177,6 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
 
 # --- index_put ------------------------------------------------------------------------------------------
 
-def _region(x: TensorBox, indices: list):
-    """(shape of the indexed region, indexer from an index over that region to a position of x) for
-    x[indices] with integer index tensors (None for a whole dimension), laid out as eager's
-    advanced indexing does: the broadcast index dims in place when they are adjacent, else first."""
-    indices = list(indices) + [None] * (x.dim() - len(indices))
-    used = [d for d, t in enumerate(indices) if t is not None]
-    for d in used:
-        _index_ok(indices[d])
-    bshape = broadcast_shapes(*[indices[d].get_size() for d in used])
-    sizes = x.get_size()
-    rest = [d for d in range(x.dim()) if d not in used]
-    if used == list(range(used[0], used[-1] + 1)):
-        before, after = [d for d in rest if d < used[0]], [d for d in rest if d > used[-1]]
-    else:
-        before, after = [], rest
-    shape = [sizes[d] for d in before] + list(bshape) + [sizes[d] for d in after]
-    loaders = {d: broadcast_loader(indices[d], bshape) for d in used}
-    nb, nk = len(before), len(bshape)
-
-    def indexer(idx):
-        full = [None] * x.dim()
-        for pos, d in enumerate(before):
-            full[d] = idx[pos]
-        for pos, d in enumerate(after):
-            full[d] = idx[nb + nk + pos]
-        for d in used:
-            full[d] = ops.indirect_indexing(loaders[d](idx[nb:nb + nk]), sizes[d])
-        return full
-    return shape, indexer
-
-
 def _values(values: TensorBox, shape):
     if values.dim() > len(shape):
         raise Unsupported("index_put values with more dims than the indexed region")
@@ -242,7 +212,7 @@ def index_put(x, indices, values, accumulate=False):
         if len(indices) != 1:
             raise Unsupported("boolean mask index_put with other indices")
         return _masked_put(x, indices[0], values, accumulate)
-    shape, indexer = _region(x, indices)
+    shape, indexer = advanced_index_region(x, indices)
     if not accumulate:
         target = new_target(x, x.dtype)
         scatter_store(target, shape, indexer, _values(values, shape))
