@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the lead checks on a GPU machine, in one command (through the device tool):
 #     bash scripts/gpu_check.sh
+#     GPU_CHECK_STEPS="overhead models_small anchor" bash scripts/gpu_check.sh     # only these steps
 # Logs and JSON results go to $OUT (./gpu_check_out when unset). Each step has its own time limit and the
 # whole run stays under ~9 minutes, so it fits one 10-minute device command; a failing or timed-out step
 # is recorded in $OUT/summary.txt and the next step still runs.
@@ -16,6 +17,10 @@ BUDGET="${GPU_CHECK_BUDGET_S:-540}"
 step() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "${GPU_CHECK_STEPS:-}" ] && [ "$name" != install ] && [ "$name" != versions ] && \
+            [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then
+        return 0
+    fi
     local left=$((BUDGET - SECONDS - 5))
     if [ "$left" -lt 20 ]; then
         echo "=== $name: skipped, time budget spent" | tee -a "$OUT/summary.txt"
@@ -56,12 +61,17 @@ else
     echo "=== tests: skipped, pytest is not installed on this machine" | tee -a "$OUT/summary.txt"
 fi
 step demo 90 python -m ember.cli demo --device cuda || true
+step overhead 60 python benchmarks/overhead.py --profile || true
+step models_small 150 python benchmarks/models.py --small --modes train --backends eager,ember --models gpt2,bert,llama,vit || true
 step kernels 150 python benchmarks/kernels.py --backends eager,inductor,ember --out "$OUT/kernels.json" || true
 if [ -f .devbench/anchor_kernels.py ]; then
     step anchor 150 python .devbench/anchor_kernels.py --backends eager,inductor,ember --out "$OUT/anchor.json" || true
 else
     echo "=== anchor: skipped, .devbench/anchor_kernels.py is not in this checkout" | tee -a "$OUT/summary.txt"
 fi
+
+step dynamic 240 python benchmarks/dynamic.py --models gpt2,bert --seqs 128,384,512,1000 --out "$OUT/dyn.json" || true
+step grad_variants 200 python scripts/grad_variants.py bert,gpt2 cuda || true
 
 echo
 echo "=== summary ($SECONDS s in all; logs in $OUT)"
