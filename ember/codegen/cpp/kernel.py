@@ -3,13 +3,18 @@
 The kernel is an ops handler like the Triton one: each node's `store_body` runs under it with the
 node's index in the kernel's flat `xindex` / `rindex`, and every op appends a typed statement. A
 pointwise kernel is one loop over xindex, split into chunks for threads with a `#pragma omp simd` loop
-inside each. A reduction kernel runs each row on one thread as a sequence of sections: a "loop" over
-the row, or straight-line ("flat") code for x-only nodes. A node that reads a reduction finished in
-the current loop starts the next loop.
+inside each; when its flat indices take floors and moduli of xindex (broadcast or permuted inputs,
+each a gather in a SIMD loop) it runs as rows instead (indexing.choose_rows): xindex becomes (row,
+element), a SIMD loop per row, values of the row alone computed before it. Transposes run as tiles.
+A reduction kernel runs each row on one thread as a sequence of sections: a "loop" over the row, or
+straight-line ("flat") code for x-only nodes. A node that reads a reduction finished in the current
+loop starts the next loop; a costly value a later loop would recompute (softmax's exp) is kept in a
+per-thread row buffer instead.
 
-Reductions accumulate into LANES independent lanes (lane = rindex % LANES within a chunk) and combine
-the lanes after the loop: the lanes never depend on each other, so the row loop is legal to vectorize
-for every reduction type, NaN-propagating max and Welford included, without -ffast-math.
+Reductions accumulate into independent lanes (lane = rindex % lanes within a chunk: LANES for long
+rows, MIN_ROW for short ones) and combine the lanes after the loop: the lanes never depend on each
+other, so the row loop is legal to vectorize for every reduction type, NaN-propagating max and Welford
+included, without -ffast-math.
 
 When rows are read with a stride (column sums: `a.sum(0)`) or are shorter than a vector, the kernel
 runs "x-lanes" instead: each thread takes blocks of XLANES consecutive rows, and the SIMD loop goes
@@ -22,6 +27,7 @@ traffic); buffers that live only inside the kernel are never stored.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Optional
 
 import sympy
@@ -30,74 +36,51 @@ import torch
 from ...ir.ops import handler
 from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical, kernel_index_vars
-from ..kernel import ArgRegistry, IndexPrinter, KValue, Section, SectionedKernel, widest_kind
+from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
+from .indexing import MIN_ROW, cpp_index, simplify_bounded, split_rows
 from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
 XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
 PARALLEL_MIN_WORK = 32768   # below this many elements the thread team costs more than it saves
-TILE_OUTER, TILE_SIMD = 32, 64   # tiled (transpose-like) pointwise kernels: tile extent across / along SIMD
+TILE_OUTER, TILE_SIMD = 16, 16   # tiled (transpose-like) pointwise kernels: tile extent across / along SIMD
 XLANES = 64                 # rows per block in x-lanes mode: a few vectors, and whole cache lines per row
+# rows at least this long accumulate in LANES lanes (several vectors, to hide the add's latency); shorter
+# ones in MIN_ROW (one vector), whose combine after each row costs less
+LONG_ROW = 1024
+
+_VALUE_NAME = re.compile(r"\btmp\d+\b")
+_VID = re.compile(r"\bv(\d+)\b")
+# calls worth a store and a load to avoid computing twice
+_COSTLY = re.compile(r"std::(exp|exp2|expm1|log|log2|log10|log1p|sin|cos|tan|asin|acos|atan|sinh|cosh|tanh|asinh|"
+                     r"acosh|atanh|erf|erfc|pow|atan2|hypot|lgamma|fmod)\(|ember::(exp_|erf_|erfinv)")
 
 
-class CppIndexPrinter(IndexPrinter):
-    """Index arithmetic as C++ int64 expressions (all operands non-negative, so / and % floor).
-    Sizes from Dynamo's ShapeEnv carry torch's own sympy functions (FloorDiv, CleanDiv, Mod ...),
-    which print themselves as Python (`//`) through `_sympystr`: dispatch on class names instead."""
-
-    printmethod = "_ember_cpp_print"
-
-    def _print_Mod(self, expr):
-        a, b = expr.args
-        return f"({self._paren(a)} % {self._paren(b)})"
-
-    _print_PythonMod = _print_Mod
-
-    def _print_CeilDiv(self, expr):
-        a, b = expr.args
-        return f"(({self._paren(a)} + {self._paren(b)} - 1) / {self._paren(b)})"
-
-    def _print_Identity(self, expr):
-        return self._print(expr.args[0])
-
-    def _print_FloorDiv(self, expr):
-        a, b = expr.args
-        return f"({self._paren(a)} / {self._paren(b)})"
-
-    def _print_ModularIndexing(self, expr):
-        a, d, m = expr.args
-        inner = self._paren(a) if d == 1 else f"({self._paren(a)} / {self._paren(d)})"
-        return f"({inner} % {self._paren(m)})"
-
-    def _minmax(self, fn, args):
-        out = self._print(args[0])
-        for a in args[1:]:
-            out = f"ember::i{fn}({out}, {self._print(a)})"
-        return out
-
-    def _print_Integer(self, expr):
-        v = int(expr)
-        return str(v) if -2 ** 31 < v < 2 ** 31 else f"{v}LL"
-
-
-_printer = CppIndexPrinter()
-
-
-def cpp_index(expr) -> str:
-    return _printer.doprint(sympy.sympify(expr))
+def _tree(step: str, acc: str, lanes: int) -> list[str]:
+    """Combine lanes pairwise, `step` formatted with {0} = acc, {lo} and {hi} = the two lanes: log2(lanes)
+    loops of constant width instead of one serial chain per row."""
+    return [f"for (int ember_l = 0; ember_l < {w}; ++ember_l) " + step.format(acc, lo="ember_l", hi=f"ember_l + {w}")
+            for w in (lanes >> k for k in range(1, lanes.bit_length()))]
 
 
 class CppKernel(MathOps, SectionedKernel):
-    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
+    def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None,
+                 rows=None):
         self.name = name
         self.group = tiling or group.group
         self.tiled = tiling is not None               # a 2-D tiled pointwise kernel (schedule/tiling.py)
+        # a pointwise kernel run as rows of `rows` elements (indexing.choose_rows): its node indices stay
+        # flat, and index_str rewrites xindex as (row, element)
+        self.rows = rows if rows is not None and not self.tiled else None
         self.nodes = group.nodes
         self.graph = graph
         self.local = set(local) - set(materialize)
         X, R = self.group
+        if self.rows is not None:
+            X, R = sympy.cancel(X / self.rows), self.rows
         self.X, self.R = X, R
         self.has_rdim = R != 1
+        self.lanes = LANES if self._hint(R) >= LONG_ROW else MIN_ROW
         self.sections: list[Section] = []
         self.global_cache: dict = {}
         self.scope: dict[str, Optional[int]] = {}     # value name -> section id it is confined to
@@ -115,12 +98,27 @@ class CppKernel(MathOps, SectionedKernel):
             self.args.output(s)
         self.ranges = ((XINDEX, X), (RINDEX, R))
         self.checks = False                           # any indirect index is bounds-checked
+        self.atomics = False                          # any store is an atomic read-modify-write
         self._tmp_values: dict[str, KValue] = {}      # indirect-index symbols -> their values
-        self.xlanes = self.has_rdim and not self.tiled and self._prefers_xlanes()
+        self.xlanes = self.has_rdim and not self.tiled and self.rows is None and self._prefers_xlanes()
         self.simd_x = self.tiled and self._prefers_xlanes(stores=2)    # tiled: SIMD along x, not r
-        self.stage: list[str] = []                    # tiled: loads staged through an L1 tile buffer
+        self.stage: list[tuple] = []                  # tiled: loads staged through an L1 tile buffer
         self.decls: list[str] = []                    # x-lanes: per-row arrays, declared per block
         self._where: dict[str, str] = {}              # value name -> section part it is computed in
+        # values a later row loop would recompute (softmax's exp in the sum and in the output): kept in
+        # a per-thread row buffer instead. Values are matched by structure: an id per distinct expression
+        # over operand ids (names differ between sections).
+        self._vid: dict[str, int] = {}                # value name -> structural id
+        self._ids: dict[str, int] = {}                # expression over operand ids -> id
+        self._costly: set[int] = set()                # ids whose computation calls a libm-like function
+        self._loop_values: dict[int, tuple] = {}      # id -> (value, section) of its first row-loop value
+        self.row_bufs: dict[int, tuple] = {}          # id -> (row buffer name, C++ type)
+
+    def _hint(self, size) -> int:
+        try:
+            return int(sympy.sympify(size).subs(getattr(self.graph, "symbol_hints", {})))
+        except (TypeError, ValueError):
+            return 0
 
     def _prefers_xlanes(self, stores: int = 0) -> bool:
         """Vectorize across rows when the reads walk memory along x rather than along r, or when rows
@@ -143,7 +141,7 @@ class CppKernel(MathOps, SectionedKernel):
                     along_r += w
                 elif e.coeff(XINDEX) == 1:
                     along_x += w
-        return along_x > along_r or R < LANES
+        return along_x > along_r or R < MIN_ROW
 
     # -- driving ---------------------------------------------------------------------------------------
 
@@ -157,15 +155,21 @@ class CppKernel(MathOps, SectionedKernel):
         return self
 
     def single_section(self) -> bool:
-        return not self.has_rdim or self.tiled
+        return not self.has_rdim or self.tiled or self.rows is not None
 
     def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
         sec = self.section
         hit = sec.cache.get(expr) or self.global_cache.get(expr)
         if hit is not None and self._visible(hit):
             return hit
+        vid = self._structural_id(expr)
         global_ = sec.kind == "flat" or where != "body"
-        if not global_ and kind in ("x", "scalar") and not self.xlanes:
+        in_row_loop = sec.kind == "loop" and where == "body" and kind == "xr" and not self.xlanes
+        if in_row_loop and vid in self._costly and dtype.is_floating_point and vid in self._loop_values:
+            expr = self._row_buffer(vid, dtype) + "[rindex]"
+        if self.rows is not None and where == "body" and kind in ("x", "scalar"):
+            where = "pre"             # one value per row: computed before the row's SIMD loop
+        elif not global_ and kind in ("x", "scalar") and not self.xlanes:
             # the same for every element of the row: compute it once, before the loop over r (an
             # x-indexed load never reads what this loop writes, whose stores all depend on r)
             where = "pre"
@@ -179,7 +183,26 @@ class CppKernel(MathOps, SectionedKernel):
             getattr(sec, where).append(f"{ctype(dtype)} {v.name} = {expr};")
         self._remember(expr, v, global_)
         self._where[v.name] = where
+        self._vid[v.name] = vid
+        if in_row_loop:
+            self._loop_values.setdefault(vid, (v, sec))
         return v
+
+    def _structural_id(self, expr: str) -> int:
+        key = _VALUE_NAME.sub(lambda m: f"v{self._vid[m.group(0)]}" if m.group(0) in self._vid else m.group(0), expr)
+        vid = self._ids.setdefault(key, len(self._ids))
+        if _COSTLY.search(expr) or any(int(i) in self._costly for i in _VID.findall(key)):
+            self._costly.add(vid)
+        return vid
+
+    def _row_buffer(self, vid: int, dtype) -> str:
+        """The row buffer holding value `vid`, stored by the row loop that first computed it."""
+        if vid not in self.row_bufs:
+            first, sec = self._loop_values[vid]
+            name = f"ember_row{len(self.row_bufs)}"
+            self.row_bufs[vid] = (name, ctype(dtype))
+            sec.body.append(f"{name}[rindex] = {first};")
+        return self.row_bufs[vid][0]
 
     def _remember(self, expr: str, v: KValue, global_: bool):
         if global_:
@@ -196,7 +219,10 @@ class CppKernel(MathOps, SectionedKernel):
 
     def index_str(self, index) -> tuple[str, str]:
         """(printed index, kind of value it gives)"""
-        index = simplify_index(sympy.sympify(index), self.ranges)
+        if self.rows is not None:
+            index = split_rows(index, self.group[0], self.rows)
+        else:
+            index = simplify_bounded(simplify_index(sympy.sympify(index), self.ranges), self.ranges)
         for s in size_symbols(index):
             self.args.size(s)
         syms = index.free_symbols
@@ -216,46 +242,67 @@ class CppKernel(MathOps, SectionedKernel):
             self.needs_store.add(name)
         buf_dtype = self.graph.get_dtype(name)
         ptr = self.args.input(name)
-        if self.tiled and self._strided_in_tile(name, index):
-            return self._staged_load(f"{ptr}[{idx}]", buf_dtype)
+        step = self._tile_stride(name, index) if self.tiled else None
+        if step is not None:
+            return self._staged_load(ptr, idx, buf_dtype, step)
         return self.cse(load_expr(f"{ptr}[{idx}]", buf_dtype), compute_dtype(buf_dtype), kind)
 
-    def _strided_in_tile(self, name: str, index) -> bool:
-        """A tiled kernel's load contiguous along the non-SIMD axis only (the transposed side)."""
+    def _tile_stride(self, name: str, index) -> Optional[int]:
+        """For a tiled kernel's load contiguous along the non-SIMD axis only (the transposed side): its
+        stride along the SIMD axis; else None."""
         if name in self.args.outputs or name in self.local:
-            return False
-        e = sympy.expand(simplify_index(sympy.sympify(index), self.ranges))
-        if not e.free_symbols <= {XINDEX, RINDEX} or e.has(sympy.Function):
-            return False
-        simd, outer = (XINDEX, RINDEX) if self.simd_x else (RINDEX, XINDEX)
-        return e.coeff(outer) == 1 and e.coeff(simd) != 1
+            return None
+        # the index within one tile (tiles start at multiples of the tile extents): a flattened dim whose
+        # extent the tile divides is contiguous there, though `xindex % n` hides it in the whole index
+        TX, TR = (TILE_SIMD, TILE_OUTER) if self.simd_x else (TILE_OUTER, TILE_SIMD)
+        xt, xl, rt, rl = sympy.symbols("ember_xt ember_xl ember_rt ember_rl", integer=True, nonnegative=True)
+        e = simplify_index(sympy.sympify(index), self.ranges).xreplace({XINDEX: TX * xt + xl, RINDEX: TR * rt + rl})
+        bounds = ((xl, TX), (rl, TR))
+        e = sympy.expand(simplify_bounded(simplify_index(sympy.expand(e), bounds), bounds))
+        if any(f.free_symbols & {xl, rl} for f in e.atoms(sympy.Function)):
+            return None
+        simd, outer = (xl, rl) if self.simd_x else (rl, xl)
+        step = e.coeff(simd)
+        return int(step) if e.coeff(outer) == 1 and step != 1 and step.is_Integer else None
 
-    def _staged_load(self, elem: str, buf_dtype) -> KValue:
+    def _staged_load(self, ptr: str, idx: str, buf_dtype, step: int) -> KValue:
         """Copy the tile of a transposed input into a local buffer, walking the input along its
         contiguous axis (one pass over a few whole cache lines), and read that in the SIMD loop: no
         gathers of one element per cache line, no cache-set conflicts on power-of-two strides."""
+        elem = f"{ptr}[{idx}]"
         key = f"stage:{elem}"
         hit = self.global_cache.get(key)
         if hit is not None:
             return hit
         cdt = compute_dtype(buf_dtype)
         buf = f"ember_stage{len(self.stage)}"
-        self.stage.append((buf, ctype(cdt), load_expr(elem, buf_dtype)))
+        # float tiles move as whole vectors (ember::transpose_block); other types element by element
+        vec = (ptr, idx, step) if buf_dtype == torch.float32 else None
+        self.stage.append((buf, ctype(cdt), load_expr(elem, buf_dtype), vec))
         v = self.cse(f"{buf}[{'rl' if self.simd_x else 'xl'}][{'xl' if self.simd_x else 'rl'}]", cdt, "xr")
         self.global_cache[key] = v
         return v
 
-    def _store(self, name: str, index, value: KValue, where: str):
+    def _store(self, name: str, index, value: KValue, where: str, mode=None):
         idx, _ = self.index_str(index)
-        self.stored.setdefault(name, {})[idx] = value
+        if mode is None:     # what an atomic add leaves there is not `value`: nothing to forward
+            self.stored.setdefault(name, {})[idx] = value
         if name in self.local:
             return None
         ptr = self.args.output(name)
-        self.emit(f"{ptr}[{idx}] = {store_expr(value.name, value.dtype, self.graph.get_dtype(name))};", where)
+        buf_dtype = self.graph.get_dtype(name)
+        if mode == "atomic_add":
+            if buf_dtype not in (torch.float32, torch.float64, torch.int32, torch.int64):
+                raise NotImplementedError(f"atomic_add into a {buf_dtype} buffer")
+            self.atomics = True
+            self.emit("#pragma omp atomic", where)
+            self.emit(f"{ptr}[{idx}] += {store_expr(value.name, value.dtype, buf_dtype)};", where)
+            return None
+        self.emit(f"{ptr}[{idx}] = {store_expr(value.name, value.dtype, buf_dtype)};", where)
         return None
 
-    def store(self, name, index, value):
-        return self._store(name, index, value, "body")
+    def store(self, name, index, value, mode=None):
+        return self._store(name, index, value, "body", mode)
 
     def store_reduction(self, name, index, value):
         return self._store(name, index, value, "post" if self.section.kind == "loop" else "body")
@@ -319,7 +366,7 @@ class CppKernel(MathOps, SectionedKernel):
         return c_literal(info.max if big else info.min, dtype)
 
     def _lanes(self, acc: str, ctype_: str, init: str) -> list[str]:
-        n = XLANES if self.xlanes else LANES
+        n = XLANES if self.xlanes else self.lanes
         return [f"{ctype_} {acc}[{n}];", f"for (int ember_l = 0; ember_l < {n}; ++ember_l) {acc}[ember_l] = {init};"]
 
     def _result(self, name: str, dtype, decl: list[str]) -> KValue:
@@ -336,7 +383,6 @@ class CppKernel(MathOps, SectionedKernel):
         acc = f"acc{next(self.counter)}"
         ln = "xl" if self.xlanes else "rl"
         lane = f"{acc}[{ln}]"
-        each = f"for (int ember_l = 1; ember_l < {LANES}; ++ember_l)"
         src = value.dtype
         if rtype == "welford":
             t = ctype(dtype)
@@ -344,16 +390,16 @@ class CppKernel(MathOps, SectionedKernel):
                 sec.pre += self._lanes(f"{acc}_{part}", t, f"static_cast<{t}>(0)")
             # every lane active in a chunk has seen the same number of values, so the division by the
             # count is one reciprocal per chunk, not a vector division per element
-            seen = f"r0 / {LANES}" if not self.xlanes else "rindex"
+            seen = f"r0 / {self.lanes}" if not self.xlanes else "rindex"
             sec.chunk.append(f"const {t} {acc}_inv = static_cast<{t}>(1) / static_cast<{t}>({seen} + 1);")
             sec.body.append(f"{{ const {t} v_ = static_cast<{t}>({value}); const {t} d_ = v_ - {acc}_m[{ln}]; "
                             f"{acc}_w[{ln}] += 1; {acc}_m[{ln}] += d_ * {acc}_inv; "
                             f"{acc}_m2[{ln}] += d_ * (v_ - {acc}_m[{ln}]); }}")
             if self.xlanes:
                 return tuple(self._result(f"{acc}_{p}[xl]", dtype, []) for p in ("m", "m2", "w"))
-            sec.post += [f"{t} {acc}_rm = {acc}_m[0], {acc}_rm2 = {acc}_m2[0], {acc}_rw = {acc}_w[0];",
-                         f"{each} ember::welford_merge({acc}_rm, {acc}_rm2, {acc}_rw, "
-                         f"{acc}_m[ember_l], {acc}_m2[ember_l], {acc}_w[ember_l]);"]
+            sec.post += _tree("ember::welford_merge({0}_m[{lo}], {0}_m2[{lo}], {0}_w[{lo}], "
+                              "{0}_m[{hi}], {0}_m2[{hi}], {0}_w[{hi}]);", acc, self.lanes)
+            sec.post += [f"{t} {acc}_rm = {acc}_m[0], {acc}_rm2 = {acc}_m2[0], {acc}_rw = {acc}_w[0];"]
             return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
         if rtype in ("argmax", "argmin"):
             t = ctype(src)
@@ -366,10 +412,9 @@ class CppKernel(MathOps, SectionedKernel):
             if self.xlanes:
                 return self._result(f"{acc}_i[xl]", torch.int64, [])
             mx = "true" if rtype == "argmax" else "false"
-            return self._result(f"{acc}_ri", torch.int64, [
-                f"{t} {acc}_rv = {acc}[0]; int64_t {acc}_ri = {acc}_i[0];",
-                f"{each} if (ember::arg_better<{mx}, {t}>({acc}[ember_l], {acc}_i[ember_l], {acc}_rv, {acc}_ri)) "
-                f"{{ {acc}_rv = {acc}[ember_l]; {acc}_ri = {acc}_i[ember_l]; }}"])
+            return self._result(f"{acc}_ri", torch.int64, _tree(
+                f"if (ember::arg_better<{mx}, {t}>({{0}}[{{hi}}], {{0}}_i[{{hi}}], {{0}}[{{lo}}], {{0}}_i[{{lo}}])) "
+                "{{ {0}[{lo}] = {0}[{hi}]; {0}_i[{lo}] = {0}_i[{hi}]; }}", acc, self.lanes) + [f"int64_t {acc}_ri = {acc}_i[0];"])
         rdt = torch.bool if rtype in ("any", "all") else (dtype if rtype in ("sum", "prod") else src)
         t = ctype(rdt)
         sec.pre += self._lanes(acc, t, self._identity(rtype, rdt))
@@ -380,15 +425,15 @@ class CppKernel(MathOps, SectionedKernel):
             "prod": lambda a, b: f"{a} * {b}",
             "any": lambda a, b: f"{a} || {b}",
             "all": lambda a, b: f"{a} && {b}",
-            "max": lambda a, b: f"ember::max_nan<{t}>({a}, {b})" if fp else f"({a} > {b} ? {a} : {b})",
-            "min": lambda a, b: f"ember::min_nan<{t}>({a}, {b})" if fp else f"({a} < {b} ? {a} : {b})",
+            "max": lambda a, b: f"ember::max_nan({a}, {b})" if fp else f"({a} > {b} ? {a} : {b})",
+            "min": lambda a, b: f"ember::min_nan({a}, {b})" if fp else f"({a} < {b} ? {a} : {b})",
         }[rtype]
         sec.body.append(f"{lane} = {combine(lane, v)};")
         if self.xlanes:
             r = self._result(f"{acc}[xl]", rdt, [])
         else:
-            r = self._result(f"{acc}_r", rdt, [f"{t} {acc}_r = {acc}[0];",
-                                               f"{each} {acc}_r = {combine(f'{acc}_r', f'{acc}[ember_l]')};"])
+            r = self._result(f"{acc}_r", rdt, [f"{t} {acc}_r = ember::reduce_lanes<{self.lanes}, {t}>({acc}, "
+                                               f"[](auto a_, auto b_) {{ return {combine('a_', 'b_')}; }});"])
         if rdt == dtype or rtype in ("any", "all"):
             return r
         return self.cse(f"static_cast<{ctype(dtype)}>({r})", dtype, "x", where="post")
@@ -409,13 +454,25 @@ class CppKernel(MathOps, SectionedKernel):
     def source(self) -> str:
         nptr = len(self.args.call_order())
         nint = 1 + int(self.has_rdim) + len(self.args.sizes)
-        lines = [f"// ember-args: {nptr} {nint}",
-                 f'extern "C" int {self.name}({", ".join(self.params())}) {{',
-                 "  int ember_err = 0;"]
+        params = ", ".join(self.params())
+        lines = []
+        if self.tiled:
+            # the threaded loop nest in a function of its own: in the same function, it slowed the
+            # single-threaded nest by ~8% (GCC 12 code layout)
+            args = ", ".join(p.split()[-1] for p in self.params())
+            serial, threaded = self._tiled_loop()
+            lines += [f"static __attribute__((noinline)) int {self.name}_threaded({params}) {{",
+                      "  int ember_err = 0;"] + threaded + ["  return ember_err;", "}"]
+        lines += [f"// ember-args: {nptr} {nint}",
+                  f'extern "C" int {self.name}({params}) {{',
+                  "  int ember_err = 0;"]
         if not self.has_rdim:
             lines += self._pointwise_loop()
         elif self.tiled:
-            lines += self._tiled_loop()
+            lines += [f"  if (ember_threads > 1 && xnumel * rnumel >= {PARALLEL_MIN_WORK}) "
+                      f"return {self.name}_threaded({args});"] + serial
+        elif self.rows is not None:
+            lines += self._rows_pointwise_loop()
         elif self.xlanes:
             lines += self._xlanes_loop()
         else:
@@ -425,8 +482,9 @@ class CppKernel(MathOps, SectionedKernel):
 
     @property
     def _simd(self) -> str:
-        # a bounds check writes the shared error flag: not a loop for `omp simd`
-        return "" if self.checks else "#pragma omp simd"
+        # a bounds check writes the shared error flag, and an atomic add may hit one element from two
+        # lanes: neither is a loop for `omp simd`
+        return "" if self.checks or self.atomics else "#pragma omp simd"
 
     def _parallel(self, cond: str) -> str:
         return (f"  #pragma omp parallel for num_threads(ember_threads) schedule(static) "
@@ -443,46 +501,125 @@ class CppKernel(MathOps, SectionedKernel):
         lines += ["      " + ln for ln in sec.pre + sec.body + sec.post]
         return lines + ["    }", "  }"]
 
-    def _tiled_loop(self) -> list[str]:
-        """A transpose-like pointwise kernel: tiles of TILE_OUTER x TILE_SIMD elements, each thread a run of whole tiles, so
-        that accesses contiguous along x and those contiguous along r both stay within a few cache lines
-        and pages per tile (a 1-D loop touches a new line, often a new page, per element on one side)."""
+    def _rows_pointwise_loop(self) -> list[str]:
+        """Rows of a pointwise kernel: a thread's unit of work is a block of rows, or a chunk of one
+        long row (XCHUNK elements either way); per-row values are computed once, before the SIMD loop."""
         sec = self.sections[0] if self.sections else Section("flat", 0)
-        TILE_X, TILE_R = (TILE_SIMD, TILE_OUTER) if self.simd_x else (TILE_OUTER, TILE_SIMD)
-        return [f"  const int64_t ember_tx = (xnumel + {TILE_X} - 1) / {TILE_X}, "
-                f"ember_tr = (rnumel + {TILE_R} - 1) / {TILE_R};",
+        hints = getattr(self.graph, "symbol_hints", {})
+        try:
+            block = max(1, XCHUNK // int(sympy.sympify(self.R).subs(hints)))
+        except (TypeError, ValueError):
+            block = 1
+        inner = ["        " + ln for ln in sec.body + sec.post] + ["      }", "    }", "  }"]
+        R = sympy.sympify(self.R)
+        if R.is_Integer and int(R) <= XCHUNK:
+            # a static row that fits one chunk: a constant trip count, straight vector code
+            return [f"  const int64_t ember_nt = (xnumel + {block} - 1) / {block};",
+                    self._parallel(f"xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
+                    "  for (int64_t ember_t = 0; ember_t < ember_nt; ++ember_t) {",
+                    f"    const int64_t x0 = ember_t * {block}, xe = ember::imin(x0 + {block}, xnumel);",
+                    "    for (int64_t xindex = x0; xindex < xe; ++xindex) {"] + \
+                ["      " + ln for ln in sec.pre] + \
+                [f"      {self._simd}", f"      for (int64_t rindex = 0; rindex < {int(R)}; ++rindex) {{"] + inner
+        return [f"  const int64_t ember_rc = (rnumel + {XCHUNK} - 1) / {XCHUNK};",
+                f"  const int64_t ember_nt = ((xnumel + {block} - 1) / {block}) * ember_rc;",
                 self._parallel(f"xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
-                "  for (int64_t ember_t = 0; ember_t < ember_tx * ember_tr; ++ember_t) {",
-                f"    const int64_t x0 = (ember_t / ember_tr) * {TILE_X}, r0 = (ember_t % ember_tr) * {TILE_R};",
-                f"    const int64_t xn = ember::imin({TILE_X}, xnumel - x0), rn = ember::imin({TILE_R}, rnumel - r0);",
-] + self._stage_lines(TILE_X, TILE_R) + (
-               ["    for (int64_t rl = 0; rl < rn; ++rl) {",
-                "      const int64_t rindex = r0 + rl;",
-                f"      {self._simd}",
-                "      for (int64_t xl = 0; xl < xn; ++xl) {",
-                "        const int64_t xindex = x0 + xl;"] if self.simd_x else
-               ["    for (int64_t xl = 0; xl < xn; ++xl) {",
-                "      const int64_t xindex = x0 + xl;",
-                f"      {self._simd}",
-                "      for (int64_t rl = 0; rl < rn; ++rl) {",
-                "        const int64_t rindex = r0 + rl;"]) + \
-            ["        " + ln for ln in sec.pre + sec.body + sec.post] + ["      }", "    }", "  }"]
+                "  for (int64_t ember_t = 0; ember_t < ember_nt; ++ember_t) {",
+                f"    const int64_t x0 = (ember_t / ember_rc) * {block}, r0 = (ember_t % ember_rc) * {XCHUNK};",
+                f"    const int64_t xe = ember::imin(x0 + {block}, xnumel), rn = ember::imin({XCHUNK}, rnumel - r0);",
+                "    for (int64_t xindex = x0; xindex < xe; ++xindex) {"] + \
+            ["      " + ln for ln in sec.pre] + \
+            [f"      {self._simd}",
+             "      for (int64_t rl = 0; rl < rn; ++rl) {",
+             "        const int64_t rindex = r0 + rl;"] + inner
 
-    def _stage_lines(self, tx: int, tr: int) -> list[str]:
+    def _tiled_loop(self) -> tuple[list[str], list[str]]:
+        """A transpose-like pointwise kernel: tiles of TILE_OUTER x TILE_SIMD elements, so that accesses
+        contiguous along x and those contiguous along r both stay within a few cache lines and pages per
+        tile (a 1-D loop touches a new line, often a new page, per element on one side). The inner loop
+        over tiles follows the SIMD axis, the one the stores are contiguous along, so the output and the
+        inputs read along it stream row by row; threads split the outer one. A full tile has constant
+        trip counts and stages float inputs with in-register block transposes; edge tiles take the
+        general loops. Returns the loop nest twice, (serial, threaded): outlined into an OpenMP region,
+        this one ran 10-25% slower single-threaded (GCC 12), so one thread runs a plain copy."""
+        TILE_X, TILE_R = (TILE_SIMD, TILE_OUTER) if self.simd_x else (TILE_OUTER, TILE_SIMD)
+        a, b = ("ember_tr", "ember_tx") if self.simd_x else ("ember_tx", "ember_tr")
+        outer, simd = ((TILE_R, TILE_X) if self.simd_x else (TILE_X, TILE_R))
+        # static sizes as literals: tile counts the compiler sees, and no edge tiles when the tiles divide
+        X, R = sympy.sympify(self.X), sympy.sympify(self.R)
+        xnumel, rnumel = (str(int(X)) if X.is_Integer else "xnumel"), (str(int(R)) if R.is_Integer else "rnumel")
+        edges = not (X.is_Integer and R.is_Integer and int(X) % TILE_X == 0 and int(R) % TILE_R == 0)
+        full = self._stage_lines(str(TILE_X), str(TILE_R), full=True) + self._tile_body(str(TILE_X), str(TILE_R))
+        nest = [f"  for (int64_t ember_a = 0; ember_a < {a}; ++ember_a) {{",
+                f"  for (int64_t ember_b = 0; ember_b < {b}; ++ember_b) {{",
+                f"    const int64_t x0 = {'ember_b' if self.simd_x else 'ember_a'} * {TILE_X}, "
+                f"r0 = {'ember_a' if self.simd_x else 'ember_b'} * {TILE_R};"] + \
+            [f"    alignas(64) {t} {buf}[{outer}][{simd}];" for buf, t, _, _ in self.stage]
+        if edges:
+            nest += [f"    const int64_t xn = ember::imin({TILE_X}, {xnumel} - x0), "
+                     f"rn = ember::imin({TILE_R}, {rnumel} - r0);",
+                     f"    if (xn == {TILE_X} && rn == {TILE_R}) {{"] + ["  " + ln for ln in full] + \
+                ["    } else {"] + \
+                ["  " + ln for ln in self._stage_lines("xn", "rn", full=False) + self._tile_body("xn", "rn")] + \
+                ["    }"]
+        else:
+            nest += full
+        nest += ["  }", "  }"]
+        setup = [f"  const int64_t ember_tx = ({xnumel} + {TILE_X} - 1) / {TILE_X}, "
+                 f"ember_tr = ({rnumel} + {TILE_R} - 1) / {TILE_R};"]
+        return setup + nest, setup + ["  #pragma omp parallel for num_threads(ember_threads) schedule(static)"] + nest
+
+    def _tile_body(self, xn: str, rn: str) -> list[str]:
+        sec = self.sections[0] if self.sections else Section("flat", 0)
+        loops = ([f"    for (int64_t rl = 0; rl < {rn}; ++rl) {{",
+                  "      const int64_t rindex = r0 + rl;",
+                  f"      {self._simd}",
+                  f"      for (int64_t xl = 0; xl < {xn}; ++xl) {{",
+                  "        const int64_t xindex = x0 + xl;"] if self.simd_x else
+                 [f"    for (int64_t xl = 0; xl < {xn}; ++xl) {{",
+                  "      const int64_t xindex = x0 + xl;",
+                  f"      {self._simd}",
+                  f"      for (int64_t rl = 0; rl < {rn}; ++rl) {{",
+                  "        const int64_t rindex = r0 + rl;"])
+        return loops + ["        " + ln for ln in sec.pre + sec.body + sec.post] + ["      }", "    }"]
+
+    def _stage_lines(self, xn: str, rn: str, full: bool) -> list[str]:
         if not self.stage:
             return []
-        outer, simd = (("rl", "rn", tr), ("xl", "xn", tx)) if self.simd_x else (("xl", "xn", tx), ("rl", "rn", tr))
-        lines = [f"    {t} {buf}[{outer[2]}][{simd[2]}];" for buf, t, _ in self.stage]
-        # the loop along the inputs' contiguous axis (the kernel's non-SIMD one) innermost
-        lines += [f"    for (int64_t {simd[0]} = 0; {simd[0]} < {simd[1]}; ++{simd[0]}) {{",
-                  f"      for (int64_t {outer[0]} = 0; {outer[0]} < {outer[1]}; ++{outer[0]}) {{",
-                  "        const int64_t xindex = x0 + xl, rindex = r0 + rl;"]
-        lines += [f"        {buf}[{outer[0]}][{simd[0]}] = {expr};" for buf, _, expr in self.stage]
-        return lines + ["      }", "    }"]
+        outer, simd = (("rl", rn), ("xl", xn)) if self.simd_x else (("xl", xn), ("rl", rn))
+        lines = []
+        scalar = [(buf, expr) for buf, _, expr, vec in self.stage if not (full and vec)]
+        for buf, _, _, vec in self.stage:
+            if full and vec:
+                # src rows run along the SIMD axis (stride `step`), contiguous along the other
+                ptr, idx, step = vec
+                lines += [f"    for (int64_t xl = 0; xl < {xn}; xl += EMBER_TW)",
+                          f"      for (int64_t rl = 0; rl < {rn}; rl += EMBER_TW) {{",
+                          "        const int64_t xindex = x0 + xl, rindex = r0 + rl;",
+                          f"        ember::transpose_block(&{ptr}[{idx}], {step}, &{buf}[{outer[0]}][{simd[0]}], "
+                          f"{TILE_SIMD});",
+                          "      }"]
+        if scalar:
+            # the loop along the inputs' contiguous axis (the kernel's non-SIMD one) innermost
+            lines += [f"    for (int64_t {simd[0]} = 0; {simd[0]} < {simd[1]}; ++{simd[0]}) {{",
+                      f"      for (int64_t {outer[0]} = 0; {outer[0]} < {outer[1]}; ++{outer[0]}) {{",
+                      "        const int64_t xindex = x0 + xl, rindex = r0 + rl;"]
+            lines += [f"        {buf}[{outer[0]}][{simd[0]}] = {expr};" for buf, expr in scalar]
+            lines += ["      }", "    }"]
+        return lines
 
     def _rows_loop(self) -> list[str]:
-        lines = [self._parallel(f"xnumel > 1 && xnumel * rnumel >= {PARALLEL_MIN_WORK}"),
-                 "  for (int64_t xindex = 0; xindex < xnumel; ++xindex) {"]
+        cond = f"xnumel > 1 && xnumel * rnumel >= {PARALLEL_MIN_WORK}"
+        if self.row_bufs:
+            # a row buffer per thread, allocated once per call, not per row
+            lines = [f"  #pragma omp parallel num_threads(ember_threads) if(ember_threads > 1 && {cond})", "  {"]
+            lines += [f"  {t}* {b} = static_cast<{t}*>(std::malloc(sizeof({t}) * rnumel));" for b, t in self.row_bufs.values()]
+            lines += ["  #pragma omp for schedule(static)"]
+        else:
+            lines = [self._parallel(cond)]
+        lines += ["  for (int64_t xindex = 0; xindex < xnumel; ++xindex) {"]
+        R = sympy.sympify(self.R)
+        rnumel = str(int(R)) if R.is_Integer else "rnumel"    # a static row: trip counts the compiler sees
         for sec in self.sections:
             body = list(sec.pre)
             if sec.kind == "loop":
@@ -490,14 +627,19 @@ class CppKernel(MathOps, SectionedKernel):
                 inner = ["    const int64_t rindex = r0 + rl;"] + ["    " + ln for ln in sec.body] + ["  }"]
                 chunk = ["  " + ln for ln in sec.chunk]
                 body += ["{", "int64_t r0 = 0;",
-                         f"for (; r0 + {LANES} <= rnumel; r0 += {LANES}) {{"] + chunk + [
-                         f"  {self._simd}", f"  for (int64_t rl = 0; rl < {LANES}; ++rl) {{"] + inner + ["}"]
-                body += ["if (r0 < rnumel) {", "  const int64_t rn = rnumel - r0;"] + chunk + [
-                         f"  {self._simd}", "  for (int64_t rl = 0; rl < rn; ++rl) {"] + inner + ["}", "}"]
+                         f"for (; r0 + {self.lanes} <= {rnumel}; r0 += {self.lanes}) {{"] + chunk + [
+                         f"  {self._simd}", f"  for (int64_t rl = 0; rl < {self.lanes}; ++rl) {{"] + inner + ["}"]
+                if not (R.is_Integer and int(R) % self.lanes == 0):
+                    body += [f"if (r0 < {rnumel}) {{", f"  const int64_t rn = {rnumel} - r0;"] + chunk + [
+                             f"  {self._simd}", "  for (int64_t rl = 0; rl < rn; ++rl) {"] + inner + ["}"]
+                body += ["}"]
             else:
                 body += sec.body
             lines += ["    " + ln for ln in body + sec.post]
-        return lines + ["  }"]
+        lines += ["  }"]
+        if self.row_bufs:
+            lines += [f"  std::free({b});" for b, _ in self.row_bufs.values()] + ["  }"]
+        return lines
 
     def _over_rows(self, body: list[str], count: str = "xn") -> list[str]:
         if not body:

@@ -3,10 +3,13 @@ C++ operators do not already have (NaN-propagating max, Python-style integer div
 shifts, reduction combines). It includes only standard headers, never torch's, so a file compiles in
 well under a second."""
 
-LANES = 16   # reduction accumulators per row: wide enough for one AVX-512 vector of floats
+# reduction accumulators per row: four AVX-512 vectors of floats, so that four independent chains hide
+# the latency of the vector add (one accumulator vector made a row sum latency-bound)
+LANES = 64
 
 PRELUDE = r"""
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <limits>
@@ -74,8 +77,9 @@ static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // torch.maximum / amax: a NaN operand wins
-template <typename T> static inline T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> static inline T min_nan(T a, T b) { return (a < b || a != a) ? a : b; }
+// (`|`, not `||`: no branch, so the vectorizer also takes the short lane-combining loops)
+template <typename T> static inline T max_nan(T a, T b) { return ((a > b) | (a != a)) ? a : b; }
+template <typename T> static inline T min_nan(T a, T b) { return ((a < b) | (a != a)) ? a : b; }
 
 // Python semantics; division by zero gives 0 instead of a hardware trap
 template <typename T> static inline T floordiv_int(T a, T b) {
@@ -147,6 +151,68 @@ template <typename T> static inline T erfinv(T y) {
   return (T)r;
 }
 
+// erf of a float, written so the vectorizer inlines it into SIMD loops: about 30 vector ops, cheaper
+// than libmvec's erff call and within 2.5 ulp of the exact erf (eager's own vectorized erf is only
+// within 1.5e-7 absolute). Below 0.921875, erf(x) = x * P(x^2); above, 1 - exp(Q(|x|)) with Q fitted
+// to log(erfc), so nothing cancels in 1 - erfc; erfc(3.92) < 2^-25, so erf rounds to +-1 beyond (the
+// clamp keeps NaN, which then propagates). exp(q), q in [-18, -1.6], rounds n = q/ln2 by adding
+// 1.5 * 2^23, which leaves n in the low bits of the sum: 2^n is built from those bits, with no float
+// to int conversion of a possibly NaN value.
+static inline float erf_fast(float x) {
+  const float a = std::fabs(x), t = x * x;
+  float p = -5.98558050e-04f;
+  p = std::fma(p, t, 4.99210926e-03f);
+  p = std::fma(p, t, -2.67658588e-02f);
+  p = std::fma(p, t, 1.12817943e-01f);
+  p = std::fma(p, t, -3.76124918e-01f);
+  p = std::fma(p, t, 1.12837911f);
+  const float u = (a > 3.92f ? 3.92f : a) - 0.921875f;
+  float q = 1.94862470e-04f;
+  q = std::fma(q, u, -1.95510266e-03f);
+  q = std::fma(q, u, 1.06911166e-02f);
+  q = std::fma(q, u, -4.47586179e-02f);
+  q = std::fma(q, u, -8.33000958e-01f);
+  q = std::fma(q, u, -2.50801182f);
+  q = std::fma(q, u, -1.64856195f);
+  const float k = std::fma(q, 1.44269504f, 12582912.0f);
+  const float n = k - 12582912.0f;
+  const float r = std::fma(n, -0.693147182f, q);
+  float e = 1.39419036e-03f;
+  e = std::fma(e, r, 8.36338848e-03f);
+  e = std::fma(e, r, 4.16663662e-02f);
+  e = std::fma(e, r, 1.66665748e-01f);
+  e = std::fma(e, r, 0.5f);
+  e = std::fma(e, r * r, r) + 1.0f;
+  e *= bits_to_float((float_to_bits(k) + (127u - 0x4B400000u)) << 23);
+  return a < 0.921875f ? x * p : std::copysign(1.0f - e, x);
+}
+// exp of a float, inlined into SIMD loops (within 1 ulp; libmvec's expf is a call per vector that
+// takes a scalar slow path for every vector holding a -inf, as masked softmax rows do). 2^n * exp(r):
+// n = x / ln2 rounded by adding 1.5 * 2^23 (n lands in the low bits of the sum), r = x - n*ln2 with ln2
+// in two pieces, exp(r) by a degree-7 polynomial; 2^n as two factors so that results down into the
+// subnormals round once. Beyond [-104, 88.72] the result is 0 or inf; NaN propagates through the
+// arithmetic.
+static inline float exp_fast(float x) {
+  const float k = std::fma(x, 1.44269504f, 12582912.0f);
+  const float n = k - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9908436e-4f;
+  p = std::fma(p, r, 1.3933902e-3f);
+  p = std::fma(p, r, 8.3332844e-3f);
+  p = std::fma(p, r, 4.1666463e-2f);
+  p = std::fma(p, r, 1.6666667e-1f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  const int32_t ni = (int32_t)(float_to_bits(k) - 0x4B400000u), n1 = ni >> 1, n2 = ni - n1;
+  const float y = p * bits_to_float((uint32_t)(n1 + 127) << 23) * bits_to_float((uint32_t)(n2 + 127) << 23);
+  return x < -104.0f ? 0.0f : (x > 88.7228394f ? std::numeric_limits<float>::infinity() : y);
+}
+template <typename T> static inline T exp_(T x) { return std::exp(x); }
+static inline float exp_(float x) { return exp_fast(x); }
+template <typename T> static inline T erf_(T x) { return std::erf(x); }
+static inline float erf_(float x) { return erf_fast(x); }
+
 // argmax/argmin: the better value, and on ties (NaN ties NaN) the lower index; NaN beats numbers
 template <bool MAX, typename T> static inline bool arg_better(T v, int64_t i, T bv, int64_t bi) {
   const bool vn = v != v, bn = bv != bv;
@@ -154,6 +220,111 @@ template <bool MAX, typename T> static inline bool arg_better(T v, int64_t i, T 
   if (MAX ? v > bv : v < bv) return true;
   return v == bv && i < bi;
 }
+
+// A reduction's lanes combined into one value with `f`: whole vectors lane-wise, then halving inside
+// one vector with shuffles (GCC vector extensions: log2(width) shuffle+op steps). Written as scalar
+// code, the vectorizer leaves this horizontal step to scalar compares and branches, a cost that
+// rows of a few hundred elements pay on every row.
+template <int N, typename T, typename F> static inline T reduce_lanes(const T* acc, F f) {
+#if defined(__GNUC__) && !defined(__clang__)
+  if constexpr ((sizeof(T) == 4 || sizeof(T) == 8) && !std::is_same<T, bool>::value && N * sizeof(T) % 64 == 0) {
+    constexpr int W = 64 / sizeof(T);
+    typedef T V __attribute__((vector_size(64)));
+    typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
+    typedef I M __attribute__((vector_size(64)));
+    V v;
+    std::memcpy(&v, acc, 64);
+    for (int k = 1; k < N / W; ++k) {
+      V u;
+      std::memcpy(&u, acc + k * W, 64);
+      v = f(v, u);
+    }
+    // butterflies (lane l with l ^ s) as literal masks: single in-register permutes, set up once
+    if constexpr (W == 16) {
+      v = f(v, __builtin_shuffle(v, M{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+      v = f(v, __builtin_shuffle(v, M{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}));
+      v = f(v, __builtin_shuffle(v, M{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}));
+      v = f(v, __builtin_shuffle(v, M{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}));
+    } else {
+      v = f(v, __builtin_shuffle(v, M{4, 5, 6, 7, 0, 1, 2, 3}));
+      v = f(v, __builtin_shuffle(v, M{2, 3, 0, 1, 6, 7, 4, 5}));
+      v = f(v, __builtin_shuffle(v, M{1, 0, 3, 2, 5, 4, 7, 6}));
+    }
+    return v[0];
+  }
+#endif
+  T r = acc[0];
+  for (int l = 1; l < N; ++l) r = f(r, acc[l]);
+  return r;
+}
+
+// dst[j * ldd + i] = src[i * lds + j] for a square block of EMBER_TW floats: tiles of transposed
+// inputs are staged through this, one vector load and store per row, shuffled in registers in log2
+// rounds (32-bit, 64-bit interleaves, then 128-bit lane shuffles), instead of one scalar copy per element.
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__AVX512F__) || defined(__AVX__))
+#if defined(__AVX512F__)
+#define EMBER_TW 16
+#else
+#define EMBER_TW 8
+#endif
+typedef float tile_vf __attribute__((vector_size(EMBER_TW * 4)));
+typedef int32_t tile_vi __attribute__((vector_size(EMBER_TW * 4)));
+static inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  constexpr int W = EMBER_TW;
+  tile_vf r[W], t[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) std::memcpy(&r[i], src + i * lds, sizeof(tile_vf));
+#if EMBER_TW == 16
+  const tile_vi lo32 = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29};
+  const tile_vi hi32 = {2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31};
+  const tile_vi lo64 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const tile_vi hi64 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const tile_vi ln0 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const tile_vi ln1 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+#else
+  const tile_vi lo32 = {0, 8, 1, 9, 4, 12, 5, 13}, hi32 = {2, 10, 3, 11, 6, 14, 7, 15};
+  const tile_vi lo64 = {0, 1, 8, 9, 4, 5, 12, 13}, hi64 = {2, 3, 10, 11, 6, 7, 14, 15};
+  const tile_vi ln0 = {0, 1, 2, 3, 8, 9, 10, 11}, ln1 = {4, 5, 6, 7, 12, 13, 14, 15};
+#endif
+#pragma GCC unroll 16
+  for (int i = 0; i < W; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], lo32);
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi32);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < W; i += 4) {
+    r[i] = __builtin_shuffle(t[i], t[i + 2], lo64);
+    r[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi64);
+    r[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo64);
+    r[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi64);
+  }
+  // 128-bit lanes: pairs 4 apart (16 wide only), then W/2 apart; the rows come out in column order
+#if EMBER_TW == 16
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i)
+    if ((i & 4) == 0) {
+      t[i] = __builtin_shuffle(r[i], r[i + 4], ln0);
+      t[i + 4] = __builtin_shuffle(r[i], r[i + 4], ln1);
+    }
+#else
+#pragma GCC unroll 8
+  for (int i = 0; i < W; ++i) t[i] = r[i];
+#endif
+#pragma GCC unroll 8
+  for (int i = 0; i < W / 2; ++i) {
+    r[i] = __builtin_shuffle(t[i], t[i + W / 2], ln0);
+    r[i + W / 2] = __builtin_shuffle(t[i], t[i + W / 2], ln1);
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < W; ++j) std::memcpy(dst + j * ldd, &r[j], sizeof(tile_vf));
+}
+#else
+#define EMBER_TW 8
+static inline void transpose_block(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  for (int i = 0; i < EMBER_TW; ++i)
+    for (int j = 0; j < EMBER_TW; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+#endif
 
 // Chan et al.: merge (mean, m2, weight) of b into a
 template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T mb, T m2b, T wb) {
@@ -164,6 +335,53 @@ template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T m
   mean = mean + delta * frac;
   m2 = m2 + m2b + delta * delta * w * frac;
   w = n;
+}
+
+// Philox4x32-10 (Salmon et al., SC'11) laid out as Triton's tl.randint4x: counter (offset low, offset
+// high, 0, 0), key (seed low, seed high). Matching it bit for bit makes the C++ and Triton backends
+// draw the same numbers for the same seed; an element's value depends only on (seed, offset), never on
+// which thread or kernel computes it.
+static inline void philox(int64_t seed, int64_t offset, uint32_t& r0, uint32_t& r1) {
+  uint32_t c0 = (uint32_t)(uint64_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)(uint64_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+#pragma GCC unroll 10
+  for (int i = 0; i < 10; ++i) {
+    const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p2 = (uint64_t)0xCD9E8D57u * c2;
+    c0 = (uint32_t)(p2 >> 32) ^ c1 ^ k0;
+    c2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p2;
+    c3 = (uint32_t)p0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  r0 = c0;
+  r1 = c1;
+}
+// Triton's uint_to_uniform_float: fold the sign away, scale so that the largest int32 stays below 1
+static inline float uniform_from_bits(uint32_t bits) {
+  int32_t x = (int32_t)bits;
+  x = x < 0 ? ~x : x;
+  return (float)x * 0x1.fffffep-32f;
+}
+static inline float philox_rand(int64_t seed, int64_t offset) {
+  uint32_t r0, r1;
+  philox(seed, offset, r0, r1);
+  return uniform_from_bits(r0);
+}
+// Box-Muller on the first two words, as tl.randn
+static inline float philox_randn(int64_t seed, int64_t offset) {
+  uint32_t r0, r1;
+  philox(seed, offset, r0, r1);
+  const float u = uniform_from_bits(r0), u1 = u < 0x1.ad7f2ap-24f ? 0x1.ad7f2ap-24f : u;   // 1e-7: log(0) is -inf
+  const float th = 0x1.921fb6p+2f * uniform_from_bits(r1);               // 2*pi
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(th);
+}
+// two words as one uint64, reduced into [low, high) (the modulo bias is below 2^-32 for ranges < 2^32)
+static inline int64_t philox_randint64(int64_t seed, int64_t offset, int64_t low, int64_t high) {
+  uint32_t r0, r1;
+  philox(seed, offset, r0, r1);
+  const uint64_t r = (uint64_t)r0 | ((uint64_t)r1 << 32);
+  return (int64_t)((uint64_t)low + r % (uint64_t)(high - low));
 }
 
 }  // namespace ember
