@@ -397,9 +397,9 @@ class CppKernel(MathOps, SectionedKernel):
                             f"{acc}_m2[{ln}] += d_ * (v_ - {acc}_m[{ln}]); }}")
             if self.xlanes:
                 return tuple(self._result(f"{acc}_{p}[xl]", dtype, []) for p in ("m", "m2", "w"))
-            sec.post += _tree("ember::welford_merge({0}_m[{lo}], {0}_m2[{lo}], {0}_w[{lo}], "
-                              "{0}_m[{hi}], {0}_m2[{hi}], {0}_w[{hi}]);", acc, self.lanes)
-            sec.post += [f"{t} {acc}_rm = {acc}_m[0], {acc}_rm2 = {acc}_m2[0], {acc}_rw = {acc}_w[0];"]
+            sec.post += [f"{t} {acc}_rm, {acc}_rm2, {acc}_rw;",
+                         f"ember::welford_lanes<{self.lanes}, {t}>({acc}_m, {acc}_m2, {acc}_w, "
+                         f"{acc}_rm, {acc}_rm2, {acc}_rw);"]
             return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
         if rtype in ("argmax", "argmin"):
             t = ctype(src)
@@ -414,7 +414,8 @@ class CppKernel(MathOps, SectionedKernel):
             mx = "true" if rtype == "argmax" else "false"
             return self._result(f"{acc}_ri", torch.int64, _tree(
                 f"if (ember::arg_better<{mx}, {t}>({{0}}[{{hi}}], {{0}}_i[{{hi}}], {{0}}[{{lo}}], {{0}}_i[{{lo}}])) "
-                "{{ {0}[{lo}] = {0}[{hi}]; {0}_i[{lo}] = {0}_i[{hi}]; }}", acc, self.lanes) + [f"int64_t {acc}_ri = {acc}_i[0];"])
+                "{{ {0}[{lo}] = {0}[{hi}]; {0}_i[{lo}] = {0}_i[{hi}]; }}", acc, self.lanes)
+                + [f"int64_t {acc}_ri = {acc}_i[0];"])
         rdt = torch.bool if rtype in ("any", "all") else (dtype if rtype in ("sum", "prod") else src)
         t = ctype(rdt)
         sec.pre += self._lanes(acc, t, self._identity(rtype, rdt))
@@ -613,7 +614,8 @@ class CppKernel(MathOps, SectionedKernel):
         if self.row_bufs:
             # a row buffer per thread, allocated once per call, not per row
             lines = [f"  #pragma omp parallel num_threads(ember_threads) if(ember_threads > 1 && {cond})", "  {"]
-            lines += [f"  {t}* {b} = static_cast<{t}*>(std::malloc(sizeof({t}) * rnumel));" for b, t in self.row_bufs.values()]
+            lines += [f"  {t}* {b} = static_cast<{t}*>(std::malloc(sizeof({t}) * rnumel));"
+                      for b, t in self.row_bufs.values()]
             lines += ["  #pragma omp for schedule(static)"]
         else:
             lines = [self._parallel(cond)]

@@ -337,6 +337,57 @@ template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T m
   w = n;
 }
 
+// A Welford reduction's lanes merged into one (mean, m2, weight), pairwise: whole vectors lane-wise,
+// then butterflies inside one vector, as reduce_lanes does (merging lane by lane is a chain of a
+// division per lane on every row).
+template <int N, typename T> static inline void welford_lanes(const T* m, const T* m2, const T* w, T& rm, T& rm2, T& rw) {
+#if defined(__GNUC__) && !defined(__clang__)
+  if constexpr ((sizeof(T) == 4 || sizeof(T) == 8) && std::is_floating_point<T>::value && N * sizeof(T) % 64 == 0) {
+    constexpr int W = 64 / sizeof(T);
+    typedef T V __attribute__((vector_size(64)));
+    typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> I;
+    typedef I M __attribute__((vector_size(64)));
+    V am, am2, aw;
+    std::memcpy(&am, m, 64);
+    std::memcpy(&am2, m2, 64);
+    std::memcpy(&aw, w, 64);
+    auto merge = [&](V bm, V bm2, V bw) {
+      const V n = aw + bw, delta = bm - am, zero = {};
+      const V frac = n == zero ? zero : bw / n;      // an empty pair stays empty (0/0 is selected away)
+      am = am + delta * frac;
+      am2 = am2 + bm2 + delta * delta * aw * frac;
+      aw = n;
+    };
+    for (int k = 1; k < N / W; ++k) {
+      V bm, bm2, bw;
+      std::memcpy(&bm, m + k * W, 64);
+      std::memcpy(&bm2, m2 + k * W, 64);
+      std::memcpy(&bw, w + k * W, 64);
+      merge(bm, bm2, bw);
+    }
+    auto butterfly = [&](M p) { merge(__builtin_shuffle(am, p), __builtin_shuffle(am2, p), __builtin_shuffle(aw, p)); };
+    if constexpr (W == 16) {
+      butterfly(M{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+      butterfly(M{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+      butterfly(M{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+      butterfly(M{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    } else {
+      butterfly(M{4, 5, 6, 7, 0, 1, 2, 3});
+      butterfly(M{2, 3, 0, 1, 6, 7, 4, 5});
+      butterfly(M{1, 0, 3, 2, 5, 4, 7, 6});
+    }
+    rm = am[0];
+    rm2 = am2[0];
+    rw = aw[0];
+    return;
+  }
+#endif
+  rm = m[0];
+  rm2 = m2[0];
+  rw = w[0];
+  for (int l = 1; l < N; ++l) welford_merge(rm, rm2, rw, m[l], m2[l], w[l]);
+}
+
 // Philox4x32-10 (Salmon et al., SC'11) laid out as Triton's tl.randint4x: counter (offset low, offset
 // high, 0, 0), key (seed low, seed high). Matching it bit for bit makes the C++ and Triton backends
 // draw the same numbers for the same seed; an element's value depends only on (seed, offset), never on
