@@ -6,12 +6,13 @@ the printer and the simplifier know exactly what they mean (sympy's floor/Mod ar
 
 `simplify_index` merges the terms that loop flattening produces:
     c*m*ModularIndexing(v, d*m, k) + c*ModularIndexing(v, d, m)  ->  c*ModularIndexing(v, d, m*k)
-with FloorDiv(v, d) standing for ModularIndexing(v, d, oo); so `N*(x // N) + x % N` becomes `x`.
+with FloorDiv(v, d) standing for ModularIndexing(v, d, oo); so `N*(x // N) + x % N` becomes `x`. Given
+the index variables' extents it also drops the floors and moduli their bounds decide (`simplify_bounded`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import sympy
 import torch
@@ -221,7 +222,7 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
         return expr
     extents = dict(ranges)
     if extents:
-        expr = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)), lambda e: _within_range(e, extents))
+        expr = simplify_bounded(expr, ranges)
         if not expr.has(FloorDiv, ModularIndexing):
             return expr
     terms, rest = _as_mod_terms(expr)
@@ -249,51 +250,6 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
     return out
 
 
-def _upper_bound(e: Expr, extents: dict):
-    """The largest value `e` takes for variables in [0, extent), when that is easy to see, else None."""
-    total = sympy.Integer(0)
-    for t in sympy.Add.make_args(sympy.expand(e)):
-        coef, rest = t.as_coeff_Mul()
-        if not coef.is_Integer or coef < 0:
-            return None
-        if rest == 1:
-            total += coef
-        elif rest in extents:
-            total += coef * (extents[rest] - 1)
-        elif isinstance(rest, FloorDiv):
-            inner = _upper_bound(rest.args[0], extents)
-            if inner is None:
-                return None
-            total += coef * FloorDiv(inner, rest.args[1])
-        elif isinstance(rest, ModularIndexing):
-            total += coef * (rest.args[2] - 1)
-        else:
-            return None
-    return total
-
-
-def _within_range(e, extents: dict) -> Expr:
-    """Floor/mod pieces the variables' ranges decide: (v // d) is 0 when v < d, and
-    (c*v + r) // (c*k) is v // k when 0 <= r < c (likewise the mod form); views of views leave these."""
-    base, div = e.args[0], e.args[1]
-    hi = _upper_bound(base, extents)
-    if hi is not None and _known_ge(div - 1, hi):
-        return sympy.Integer(0)
-    if isinstance(e, ModularIndexing) and hi is not None and _known_ge(div * e.args[2] - 1, hi):
-        e = FloorDiv(base, div)
-        if not isinstance(e, FloorDiv):
-            return e
-    for t in sympy.Add.make_args(sympy.expand(base)):
-        c, v = t.as_coeff_Mul()
-        if not c.is_Integer or c <= 1 or v not in extents or not (div / c).is_Integer:
-            continue
-        r_hi = _upper_bound(sympy.expand(base - t), extents)
-        if r_hi is not None and _known_ge(c - 1, r_hi) and _known_ge(r_hi, 0):
-            k = sympy.Integer(div / c)
-            return FloorDiv(v, k) if isinstance(e, FloorDiv) else ModularIndexing(v, k, e.args[2])
-    return e
-
-
 def _known_ge(a: Expr, b: Expr) -> bool:
     d = _simplify(a - b)
     return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
@@ -305,3 +261,93 @@ def free_index_symbols(expr: Expr) -> set:
 
 def size_symbols(expr) -> set:
     return {s for s in sympy.sympify(expr).free_symbols if _is_size_symbol(s)}
+
+
+# -- simplification with the index variables' bounds ---------------------------------------------------
+
+def _upper(term, maxes: dict) -> Optional[int]:
+    """An inclusive upper bound of a non-negative index term, or None if unknown."""
+    if term.is_Integer:
+        return int(term) if term >= 0 else None
+    if term in maxes:
+        return maxes[term]
+    if isinstance(term, ModularIndexing) and term.args[2].is_Integer:
+        return int(term.args[2]) - 1
+    if isinstance(term, FloorDiv) and term.args[1].is_Integer:
+        b = _upper(term.args[0], maxes)
+        return None if b is None else b // int(term.args[1])
+    if term.is_Mul:
+        c, rest = term.as_coeff_Mul()
+        b = _upper(rest, maxes) if c.is_Integer and c > 0 else None
+        return None if b is None else int(c) * b
+    if term.is_Add:
+        bs = [_upper(t, maxes) for t in term.args]
+        return None if None in bs else sum(bs)
+    return None
+
+
+def _split_base(base, d: int, maxes: dict):
+    """base = a*q + w with a | d and 0 <= w < a (so base // d == q // (d/a)): (q, a), or None.
+    The largest such a wins; it drops the most from the floor."""
+    terms = [t.as_coeff_Mul() for t in sympy.Add.make_args(base)]
+    if any(not c.is_Integer or c < 0 for c, _ in terms):
+        return None
+    for a in sorted({int(c) for c, _ in terms if int(c) > 1 and d % int(c) == 0} | {d}, reverse=True):
+        big = [(c, r) for c, r in terms if int(c) % a == 0]
+        small = [c * r for c, r in terms if int(c) % a != 0]
+        if not big:
+            continue
+        bound = _upper(sympy.Add(*small), maxes) if small else 0
+        if bound is not None and bound < a:
+            return sympy.Add(*[(int(c) // a) * r for c, r in big]), a
+    return None
+
+
+def _bounded(e, maxes: dict):
+    base, d = e.args[0], e.args[1]
+    if not d.is_Integer:
+        return e
+    d = int(d)
+    top = _upper(base, maxes)
+    if isinstance(e, FloorDiv):
+        if top is not None and top < d:
+            return sympy.Integer(0)
+        sp = _split_base(base, d, maxes)
+        return e if sp is None else FloorDiv(sp[0], sympy.Integer(d // sp[1]))
+    m = e.args[2]
+    if top is not None and top < d:
+        return sympy.Integer(0)
+    if d == 1 and top is not None and m.is_Integer and top < int(m):
+        return base
+    if d == 1 and m.is_Integer:
+        # (a*q + w) % m == a*(q % (m/a)) + w when a | m and 0 <= w < a (a tile of a flattened dim)
+        for a in sorted({int(c) for c, _ in (t.as_coeff_Mul() for t in sympy.Add.make_args(base))
+                         if c.is_Integer and int(c) > 1 and int(m) % int(c) == 0}, reverse=True):
+            sp = _split_base(base, a, maxes)
+            if sp is not None and sp[1] == a:
+                w = sympy.expand(base - a * sp[0])
+                return a * ModularIndexing(sp[0], sympy.Integer(1), sympy.Integer(int(m) // a)) + w
+    sp = _split_base(base, d, maxes)
+    return e if sp is None else ModularIndexing(sp[0], sympy.Integer(d // sp[1]), m)
+
+
+@functools.lru_cache(maxsize=65536)
+def _simplify_bounded(expr, maxes_items: tuple):
+    maxes = dict(maxes_items)
+    for _ in range(4):
+        new = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)), lambda e: _bounded(e, maxes))
+        if new == expr:
+            break
+        expr = new
+    return expr
+
+
+def simplify_bounded(expr, ranges) -> sympy.Expr:
+    """Drop floors and moduli that the loop bounds make redundant: `(256*x + r) // 32768` is
+    `x // 128` when r < 256: the same element must print alike wherever a kernel touches it. `ranges` are
+    (var, extent) pairs; only integer extents count."""
+    expr = sympy.sympify(expr)
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    maxes = tuple((v, int(n) - 1) for v, n in ranges if sympy.sympify(n).is_Integer)
+    return _simplify_bounded(expr, maxes)

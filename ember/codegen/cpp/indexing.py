@@ -8,12 +8,11 @@ in the inner index: contiguous vector loads, or one value per row hoisted out of
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, hint, product, simplify_index
+from ...ir.symbolic import FloorDiv, ModularIndexing, hint, product, simplify_bounded, simplify_index
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import IndexPrinter
 
@@ -65,96 +64,6 @@ _printer = CppIndexPrinter()
 
 def cpp_index(expr) -> str:
     return _printer.doprint(sympy.sympify(expr))
-
-
-# -- simplification with loop bounds ----------------------------------------------------------------------
-
-def _upper(term, maxes: dict) -> Optional[int]:
-    """An inclusive upper bound of a non-negative index term, or None if unknown."""
-    if term.is_Integer:
-        return int(term) if term >= 0 else None
-    if term in maxes:
-        return maxes[term]
-    if isinstance(term, ModularIndexing) and term.args[2].is_Integer:
-        return int(term.args[2]) - 1
-    if isinstance(term, FloorDiv) and term.args[1].is_Integer:
-        b = _upper(term.args[0], maxes)
-        return None if b is None else b // int(term.args[1])
-    if term.is_Mul:
-        c, rest = term.as_coeff_Mul()
-        b = _upper(rest, maxes) if c.is_Integer and c > 0 else None
-        return None if b is None else int(c) * b
-    if term.is_Add:
-        bs = [_upper(t, maxes) for t in term.args]
-        return None if None in bs else sum(bs)
-    return None
-
-
-def _split_base(base, d: int, maxes: dict):
-    """base = a*q + w with a | d and 0 <= w < a (so base // d == q // (d/a)): (q, a), or None.
-    The largest such a wins; it drops the most from the floor."""
-    terms = [t.as_coeff_Mul() for t in sympy.Add.make_args(base)]
-    if any(not c.is_Integer or c < 0 for c, _ in terms):
-        return None
-    for a in sorted({int(c) for c, _ in terms if int(c) > 1 and d % int(c) == 0} | {d}, reverse=True):
-        big = [(c, r) for c, r in terms if int(c) % a == 0]
-        small = [c * r for c, r in terms if int(c) % a != 0]
-        if not big:
-            continue
-        bound = _upper(sympy.Add(*small), maxes) if small else 0
-        if bound is not None and bound < a:
-            return sympy.Add(*[(int(c) // a) * r for c, r in big]), a
-    return None
-
-
-def _bounded(e, maxes: dict):
-    base, d = e.args[0], e.args[1]
-    if not d.is_Integer:
-        return e
-    d = int(d)
-    top = _upper(base, maxes)
-    if isinstance(e, FloorDiv):
-        if top is not None and top < d:
-            return sympy.Integer(0)
-        sp = _split_base(base, d, maxes)
-        return e if sp is None else FloorDiv(sp[0], sympy.Integer(d // sp[1]))
-    m = e.args[2]
-    if top is not None and top < d:
-        return sympy.Integer(0)
-    if d == 1 and top is not None and m.is_Integer and top < int(m):
-        return base
-    if d == 1 and m.is_Integer:
-        # (a*q + w) % m == a*(q % (m/a)) + w when a | m and 0 <= w < a (a tile of a flattened dim)
-        for a in sorted({int(c) for c, _ in (t.as_coeff_Mul() for t in sympy.Add.make_args(base))
-                         if c.is_Integer and int(c) > 1 and int(m) % int(c) == 0}, reverse=True):
-            sp = _split_base(base, a, maxes)
-            if sp is not None and sp[1] == a:
-                w = sympy.expand(base - a * sp[0])
-                return a * ModularIndexing(sp[0], sympy.Integer(1), sympy.Integer(int(m) // a)) + w
-    sp = _split_base(base, d, maxes)
-    return e if sp is None else ModularIndexing(sp[0], sympy.Integer(d // sp[1]), m)
-
-
-@functools.lru_cache(maxsize=65536)
-def _simplify_bounded(expr, maxes_items: tuple):
-    maxes = dict(maxes_items)
-    for _ in range(4):
-        new = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)), lambda e: _bounded(e, maxes))
-        if new == expr:
-            break
-        expr = new
-    return expr
-
-
-def simplify_bounded(expr, ranges) -> sympy.Expr:
-    """Drop floors and moduli that the loop bounds make redundant: `(256*x + r) // 32768` is
-    `x // 128` when r < 256, which `simplify_index` (no bounds on sums) keeps. `ranges` are
-    (var, extent) pairs; only integer extents count."""
-    expr = sympy.sympify(expr)
-    if not expr.has(FloorDiv, ModularIndexing):
-        return expr
-    maxes = tuple((v, int(n) - 1) for v, n in ranges if sympy.sympify(n).is_Integer)
-    return _simplify_bounded(expr, maxes)
 
 
 # -- choosing the rows of a pointwise kernel --------------------------------------------------------------
