@@ -9,7 +9,9 @@ import sympy
 import torch
 from sympy.printing.str import StrPrinter
 
+from ..ir.ops import handler
 from ..ir.symbolic import FloorDiv, ModularIndexing
+from ..schedule.nodes import kernel_index_vars
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +161,27 @@ class SectionedKernel:
 
     def single_section(self) -> bool:
         raise NotImplementedError
+
+    def generate(self):
+        """Run every node's store body under this kernel as the ops handler, section by section."""
+        with handler(self):
+            for node in self.nodes:
+                self._enter(node)
+                ivals, rvals = kernel_index_vars(node, self.group)
+                node.buf.store_body(ivals, rvals)
+                self._leave(node)
+        return self
+
+    def emit(self, line: str, where: str = "body"):
+        getattr(self.section, where).append(line)
+
+    def store(self, name, index, value, mode=None):
+        return self._store(name, index, value, "body", mode)
+
+    def _cached(self, expr: str):
+        """The value already named for `expr` where the current section can see it, else None."""
+        hit = self.section.cache.get(expr) or self.global_cache.get(expr)
+        return hit if hit is not None and self._visible(hit) else None
 
     def _enter(self, node):
         cur = self.sections[-1] if self.sections else None

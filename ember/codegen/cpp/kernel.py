@@ -33,9 +33,8 @@ from typing import Optional
 import sympy
 import torch
 
-from ...ir.ops import handler
 from ...ir.symbolic import simplify_index, size_symbols
-from ...schedule.nodes import RINDEX, XINDEX, canonical, kernel_index_vars
+from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
 from .indexing import MIN_ROW, cpp_index, simplify_bounded, split_rows
 from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
@@ -145,22 +144,13 @@ class CppKernel(MathOps, SectionedKernel):
 
     # -- driving ---------------------------------------------------------------------------------------
 
-    def generate(self) -> "CppKernel":
-        with handler(self):
-            for node in self.nodes:
-                self._enter(node)
-                ivals, rvals = kernel_index_vars(node, self.group)
-                node.buf.store_body(ivals, rvals)
-                self._leave(node)
-        return self
-
     def single_section(self) -> bool:
         return not self.has_rdim or self.tiled or self.rows is not None
 
     def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
         sec = self.section
-        hit = sec.cache.get(expr) or self.global_cache.get(expr)
-        if hit is not None and self._visible(hit):
+        hit = self._cached(expr)
+        if hit is not None:
             return hit
         vid = self._structural_id(expr)
         global_ = sec.kind == "flat" or where != "body"
@@ -211,9 +201,6 @@ class CppKernel(MathOps, SectionedKernel):
         else:
             self.section.cache[expr] = v
             self.scope[v.name] = self.section.id
-
-    def emit(self, line: str, where: str = "body"):
-        getattr(self.section, where).append(line)
 
     # -- indexing --------------------------------------------------------------------------------------
 
@@ -300,9 +287,6 @@ class CppKernel(MathOps, SectionedKernel):
             return None
         self.emit(f"{ptr}[{idx}] = {store_expr(value.name, value.dtype, buf_dtype)};", where)
         return None
-
-    def store(self, name, index, value, mode=None):
-        return self._store(name, index, value, "body", mode)
 
     def store_reduction(self, name, index, value):
         return self._store(name, index, value, "post" if self.section.kind == "loop" else "body")

@@ -18,10 +18,9 @@ import sympy
 import torch
 
 from ... import config
-from ...ir.ops import handler
-from ...ir.symbolic import hint, is_static, simplify_index, size_symbols
-from ...schedule.nodes import RINDEX, XINDEX, kernel_index_vars
-from ..kernel import ArgRegistry, KValue, SectionedKernel, literal, print_index, widest_kind
+from ...ir.symbolic import is_static, simplify_index, size_symbols
+from ...schedule.nodes import RINDEX, XINDEX
+from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, print_index, widest_kind
 from . import heuristics
 from .ops import MathOps, triton_type, compute_dtype
 
@@ -62,15 +61,6 @@ class TritonKernel(MathOps, SectionedKernel):
 
     # -- driving ---------------------------------------------------------------------------------------
 
-    def generate(self) -> "TritonKernel":
-        with handler(self):
-            for node in self.nodes:
-                self._enter(node)
-                ivals, rvals = kernel_index_vars(node, self.group)
-                node.buf.store_body(ivals, rvals)
-                self._leave(node)
-        return self
-
     def single_section(self) -> bool:
         return not self.has_rdim or self.persistent
 
@@ -80,8 +70,8 @@ class TritonKernel(MathOps, SectionedKernel):
         """Name `expr` once. Row-invariant values (not "xr") whose inputs all live outside the current
         r-loop are hoisted in front of it (`deps` lists those inputs; None means "unknown": not hoisted)."""
         sec = self.section
-        hit = sec.cache.get(expr) or self.global_cache.get(expr)
-        if hit is not None and self._visible(hit):
+        hit = self._cached(expr)
+        if hit is not None:
             return hit
         if (sec.kind == "loop" and where == "body" and kind != "xr" and deps is not None
                 and all(self.scope.get(d.name) is None for d in deps if isinstance(d, KValue))):
@@ -95,9 +85,6 @@ class TritonKernel(MathOps, SectionedKernel):
             sec.cache[expr] = v
             self.scope[v.name] = sec.id
         return v
-
-    def emit(self, line: str, where: str = "body"):
-        getattr(self.section, where).append(line)
 
     # -- indexing --------------------------------------------------------------------------------------
 
@@ -188,9 +175,6 @@ class TritonKernel(MathOps, SectionedKernel):
         if kind == "x":
             return "[XBLOCK, 1]" if self.has_rdim else "[XBLOCK]"
         return "[]"
-
-    def store(self, name, index, value, mode=None):
-        return self._store(name, index, value, "body", mode)
 
     def store_reduction(self, name, index, value):
         return self._store(name, index, value, "body" if self.persistent else "post")
