@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
 import ember  # noqa: E402,F401  (registers the backend)
+from benchmarks.common import tensors  # noqa: E402
 
 f32 = torch.float32
 
@@ -82,13 +83,6 @@ def cases():
         return m, args
     yield "gpt_block", None, gpt
 
-
-def tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (tuple, list)):
-        return [t for x in tree for t in tensors(x)]
-    return []
 
 
 def mismatch(out, ref, tol=1e-4):

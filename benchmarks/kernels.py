@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
 import ember  # noqa: E402  (before triton is imported: sets TRITON_INTERPRET=1 without a GPU)
+from benchmarks.common import tensors  # noqa: E402
 
 bf16, f32 = torch.bfloat16, torch.float32
 
@@ -97,13 +98,6 @@ def copy_roofline(dev: str, small: bool, time_ms) -> float:
     ms = time_ms(lambda: y.copy_(x))
     return 2 * x.numel() * 4 / ms / 1e6
 
-
-def tensors(tree):
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (tuple, list)):
-        return [t for x in tree for t in tensors(x)]
-    return []
 
 
 def nbytes(args, out) -> int:

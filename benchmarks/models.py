@@ -49,6 +49,7 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
 import ember  # noqa: E402  (registers the backend; before triton is imported)
+from benchmarks.common import tensors  # noqa: E402
 
 bf16 = torch.bfloat16
 MODELS = ["resnet50", "vit", "convnext", "bert", "gpt2", "llama"]
@@ -132,13 +133,6 @@ def run_step(model, inp: dict, mode: str, device: str, amp: bool = True):
     loss.backward()
     return loss.detach()
 
-
-def tensors(tree) -> list:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, (tuple, list)):
-        return [t for x in tree for t in tensors(x)]
-    return []
 
 
 def results(model, out, mode: str) -> dict:
