@@ -60,3 +60,17 @@ def check(fn, *args, grad=False, rtol=None, atol=None, **compile_kwargs):
         ga = [a.grad for a in pytree.tree_leaves(ember_args) if isinstance(a, torch.Tensor) and a.requires_grad]
         assert_close(ga, ge, rtol, atol, what="grad")
     return actual
+
+
+class MLP(torch.nn.Module):
+    """A small classifier with a loss (Linear, GELU, LayerNorm, Linear, cross-entropy): the model the
+    training tests compile, forward and backward, x of shape [n, 32], t of class ids below 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.ln, self.l2 = torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 10)
+
+    def forward(self, x, t):
+        h = torch.nn.functional.gelu(self.l1(x))
+        return torch.nn.functional.cross_entropy(self.l2(self.ln(h)), t)
+

@@ -1,11 +1,10 @@
 """The foundation's acceptance checks: kernel counts for fused patterns and an MLP trained with ember."""
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import ember
-from ember.testing import check
+from ember.testing import MLP, check
 
 
 def test_pointwise_chain_is_one_kernel(device):
@@ -30,15 +29,6 @@ def test_layer_norm_is_one_kernel(device, n):
 def test_looped_softmax_is_one_kernel(device):
     check(lambda a: torch.softmax(a, -1), torch.randn(2, 20000, device=device))  # rows beyond persistent_reduction_max
     assert ember.metrics.generated_kernel_count == 1
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.ln, self.l2 = nn.Linear(32, 64), nn.LayerNorm(64), nn.Linear(64, 10)
-
-    def forward(self, x, t):
-        return F.cross_entropy(self.l2(self.ln(F.gelu(self.l1(x)))), t)
 
 
 def test_mlp_training_matches_eager(device):

@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ember
-from ember.testing import assert_close
+from ember.testing import MLP, assert_close
 
 
 def train_and_compare(model, make_batch, steps=3, lr=0.05, rtol=1e-4, atol=1e-5, loss_fn=None):
@@ -49,15 +49,6 @@ def eval_and_compare(model, *inputs, rtol=1e-4, atol=1e-5):
 
 
 # --- MLP ---------------------------------------------------------------------------------------------------
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.ln, self.l2 = nn.Linear(32, 64), nn.LayerNorm(64), nn.Linear(64, 10)
-
-    def forward(self, x, t):
-        return F.cross_entropy(self.l2(self.ln(F.gelu(self.l1(x)))), t)
-
 
 def test_mlp(device):
     model = MLP().to(device)

@@ -15,14 +15,6 @@ from ember.testing import check
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def _cpp(device):
-    if device != "cpu":
-        pytest.skip("the C++ backend runs CPU tensors")
-    with ember.config.patch(cpu_backend="cpp"):
-        yield
-
-
 def sources(fn, *args) -> str:
     """The C++ source of the kernels ember generates for fn(*args) (from the EMBER_DEBUG dump)."""
     with tempfile.TemporaryDirectory() as d, ember.config.patch(debug=True, debug_dir=d):

@@ -16,14 +16,6 @@ from ember.testing import check
 F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def _cpp(device):
-    if device != "cpu":
-        pytest.skip("the C++ backend runs CPU tensors")
-    with ember.config.patch(cpu_backend="cpp"):
-        yield
-
-
 def kernels(n):
     assert ember.metrics.generated_kernel_count == n, ember.metrics.generated_kernel_count
 
