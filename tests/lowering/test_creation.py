@@ -2,14 +2,7 @@
 import pytest
 import torch
 
-import ember
-from ember.testing import check
-
-
-def lowered(fn, *args, **kwargs):
-    out = check(fn, *args, **kwargs)
-    assert not ember.metrics.fallbacks, f"unexpected ATen fallbacks: {dict(ember.metrics.fallbacks)}"
-    return out
+from ember.testing import check, lowered
 
 
 @pytest.mark.parametrize("fill", [2.5, -3, True, 0.0])

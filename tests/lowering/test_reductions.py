@@ -5,19 +5,13 @@ import pytest
 import torch
 
 import ember
-from ember.testing import check
+from ember.testing import check, lowered
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
 
 # rows longer than this are reduced in a loop rather than held whole
 LOOPED = ember.config.persistent_reduction_max + 1000
-
-
-def lowered(fn, *args, **kwargs):
-    out = check(fn, *args, **kwargs)
-    assert not ember.metrics.fallbacks, f"unexpected ATen fallbacks: {dict(ember.metrics.fallbacks)}"
-    return out
 
 
 # dims argument, keepdim

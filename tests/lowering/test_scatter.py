@@ -9,13 +9,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.ir.nodes import ScatterBuffer
-from ember.testing import check, fresh_compile
-
-
-def lowered(fn, *args, **kwargs):
-    out = check(fn, *args, **kwargs)
-    assert not ember.metrics.fallbacks, f"unexpected ATen fallbacks: {dict(ember.metrics.fallbacks)}"
-    return out
+from ember.testing import check, fresh_compile, lowered
 
 
 def repeated(n, size, device):

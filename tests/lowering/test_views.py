@@ -4,14 +4,7 @@ a computed value (an unstored Pointwise), is returned as an output, and (where f
 import pytest
 import torch
 
-import ember
-from ember.testing import check
-
-
-def lowered(fn, *args, **kwargs):
-    out = check(fn, *args, **kwargs)
-    assert not ember.metrics.fallbacks, f"unexpected ATen fallbacks: {dict(ember.metrics.fallbacks)}"
-    return out
+from ember.testing import check, lowered
 
 
 # (name, view function, input shape)
