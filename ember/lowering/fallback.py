@@ -13,8 +13,9 @@ import torch
 import torch.fx
 
 from .. import metrics, state
-from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, Layout, Loops, MultiOutput, ReinterpretView, TensorBox
+from ..ir.nodes import Buffer, ExternKernel, Layout, Loops, MultiOutput, ReinterpretView, TensorBox
 from ..ir.symbolic import hint, sympify
+from .graph import _is_dense, _same_shape
 
 aten = torch.ops.aten
 
@@ -26,24 +27,13 @@ def realize_arg(a, meta=None):
     eager's; a contiguous copy of a permuted input would make the two disagree."""
     if isinstance(a, TensorBox):
         if isinstance(a.data, Loops) and _same_shape(meta, a):
-            stride = [sympify(s) for s in meta.stride()] if _dense(meta) else _dense_strides_like(meta, a)
-            layout = Layout(a.device, a.dtype, list(a.get_size()), stride)
-            a.data = state.current_graph().register_buffer(ComputedBuffer(None, layout, a.data))
+            stride = [sympify(s) for s in meta.stride()] if _is_dense(meta) else _dense_strides_like(meta, a)
+            state.current_graph().store_with_strides(a, stride)
         return a.realize()
     if isinstance(a, (list, tuple)):
         metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
         return type(a)(realize_arg(b, m) for b, m in zip(a, metas))
     return a
-
-
-def _same_shape(meta, box) -> bool:
-    return isinstance(meta, torch.Tensor) and meta.dim() == box.dim() and \
-        [sympify(s) for s in meta.shape] == list(box.get_size())
-
-
-def _dense(meta) -> bool:
-    from .graph import _is_dense
-    return _is_dense(meta)
 
 
 def _dense_strides_like(meta, box) -> list:

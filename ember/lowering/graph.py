@@ -13,7 +13,7 @@ import sympy
 import torch
 import torch.fx
 
-from .. import config, metrics, state
+from .. import config, state
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
@@ -129,12 +129,15 @@ class GraphLowering(torch.fx.Interpreter):
     def _store_like_eager(self, box: TensorBox, meta) -> None:
         """Store a computed value with eager's strides where those are dense (channels_last stays
         channels_last): it may turn out to be a graph output, which must have them."""
-        if isinstance(meta, torch.Tensor) and _is_dense(meta) and meta.dim() == box.dim() and \
-                [sympify(s) for s in meta.shape] == list(box.get_size()):
-            layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
-            box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
+        if _same_shape(meta, box) and _is_dense(meta):
+            self.store_with_strides(box, [sympify(s) for s in meta.stride()])
         else:
             box.realize()
+
+    def store_with_strides(self, box: TensorBox, stride: list) -> None:
+        """Store a computed (not yet stored) value as a buffer with these strides."""
+        layout = Layout(box.device, box.dtype, list(box.get_size()), stride)
+        box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
 
     def placeholder(self, target, args, kwargs):
         node = self.current_node
@@ -262,6 +265,12 @@ class GraphLowering(torch.fx.Interpreter):
             layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
             box = TensorBox(self.register_buffer(ComputedBuffer(None, layout, copy.data)))
         return box.data
+
+
+def _same_shape(meta, box) -> bool:
+    """Is `meta` a fake tensor of `box`'s shape?"""
+    return isinstance(meta, torch.Tensor) and meta.dim() == box.dim() and \
+        [sympify(s) for s in meta.shape] == list(box.get_size())
 
 
 def _differs_from(layout, meta) -> bool:
