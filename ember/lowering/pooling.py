@@ -19,9 +19,9 @@ import torch
 
 from .. import config, state
 from ..ir.deps import record_loops
-from ..ir.nodes import ComputedBuffer, Layout, Pointwise, Reduction, TensorBox
+from ..ir.nodes import Pointwise, Reduction, TensorBox
 from ..ir.ops import ops
-from ..ir.symbolic import FloorDiv, contiguous_strides, sympify
+from ..ir.symbolic import FloorDiv, sympify
 from .pointwise import cast
 from .registry import Unsupported, lower
 
@@ -84,26 +84,6 @@ def realize_if_costly(x: TensorBox, reads: int) -> TensorBox:
         if record_loops(x.data.inner_fn, x.data.ranges).op_count * reads > config.realize_max_ops:
             x.realize()
     return x
-
-
-def eager_layout(box: TensorBox, i: Optional[int] = None) -> TensorBox:
-    """Store box now with eager's strides where eager's output (the node's fake tensor, output i) is
-    dense but not contiguous: a channels-last input gives channels-last results. A big window body may
-    be stored by the graph before it is known to be an output, and a contiguous copy of a saved value
-    would be misread by the backward graph, which was traced for eager's strides."""
-    node = state.current_graph().current_node
-    val = node.meta.get("val") if node is not None else None
-    if isinstance(val, (list, tuple)) and i is not None:
-        val = val[i]
-    if not isinstance(val, torch.Tensor) or val.dim() != box.dim() or not isinstance(box.data, Pointwise):
-        return box
-    from .graph import _is_dense
-    strides = [sympify(st) for st in val.stride()]
-    if not _is_dense(val) or strides == contiguous_strides(box.get_size()):
-        return box
-    layout = Layout(box.device, box.dtype, list(box.get_size()), strides)
-    box.data = state.current_graph().register_buffer(ComputedBuffer(None, layout, box.data))
-    return box
 
 
 def static(e) -> Optional[int]:
@@ -241,7 +221,7 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     size = _out_size(x, (ah, aw))
     values = TensorBox.pointwise(x.device, dtype, lambda idx: scan(idx)[0], size)
     indices = TensorBox.pointwise(x.device, _I64, lambda idx: scan(idx)[1], size)
-    return eager_layout(values, 0), eager_layout(indices, 1)
+    return values, indices
 
 
 def _containing(axis: Axis) -> Axis:
@@ -287,7 +267,7 @@ def _gather_windows(grad, axes, term, out_size):
                 value, ok = term(batch, (oh, ow), (lh, lw), (ih, iw), gl([*batch, lh, lw]))
                 total = accumulate(total, masked(value, both(both(okh, okw), ok), acc))
         return cast(total, acc, dtype)
-    return eager_layout(TensorBox.pointwise(grad.device, dtype, inner_fn, out_size))
+    return TensorBox.pointwise(grad.device, dtype, inner_fn, out_size)
 
 
 @lower(aten.max_pool2d_with_indices_backward.default)
@@ -357,7 +337,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                 total = accumulate(total, masked(v, both(ah.valid(oh, jh), aw.valid(ow, jw)), acc))
         div = _avg_divisor((ah, aw), (oh, ow), count_include_pad, ceil_mode, divisor_override, acc)
         return cast(ops.truediv(total, div), acc, dtype)
-    return eager_layout(TensorBox.pointwise(x.device, dtype, inner_fn, _out_size(x, (ah, aw))))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, _out_size(x, (ah, aw)))
 
 
 @lower(aten.avg_pool2d_backward.default)
@@ -423,8 +403,8 @@ def adaptive_avg_pool2d(x, output_size):
                                    "sum", acc))
         sums.realize()
         sl = sums.make_loader()
-        return eager_layout(TensorBox.pointwise(
-            x.device, dtype, lambda idx: cast(_adaptive_mean(sl(idx), axes, idx[-2], idx[-1], acc), acc, dtype), size))
+        return TensorBox.pointwise(
+            x.device, dtype, lambda idx: cast(_adaptive_mean(sl(idx), axes, idx[-2], idx[-1], acc), acc, dtype), size)
 
     def inner_fn(idx):
         *batch, oh, ow = idx
@@ -433,7 +413,7 @@ def adaptive_avg_pool2d(x, output_size):
             for jw in range(aw.taps):
                 total = accumulate(total, term(batch, oh, ow, jh, jw))
         return cast(_adaptive_mean(total, axes, oh, ow, acc), acc, dtype)
-    return eager_layout(TensorBox.pointwise(x.device, dtype, inner_fn, size))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, size)
 
 
 @lower(aten._adaptive_avg_pool2d_backward.default)
@@ -460,4 +440,4 @@ def adaptive_avg_pool2d_backward(grad, x):
                 g = _adaptive_mean(g, axes, oh, ow, acc)
                 total = accumulate(total, masked(g, both(inv[0].valid(ih, jh), inv[1].valid(iw, jw)), acc))
         return cast(total, acc, dtype)
-    return eager_layout(TensorBox.pointwise(grad.device, dtype, inner_fn, x.get_size()))
+    return TensorBox.pointwise(grad.device, dtype, inner_fn, x.get_size())

@@ -29,7 +29,7 @@ from ..ir.nodes import TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import FloorDiv, sympify
 from .pointwise import cast
-from .pooling import (acc_dtype, accumulate, both, clamp_index, eager_layout, in_bounds, int_value, masked,
+from .pooling import (acc_dtype, accumulate, both, clamp_index, in_bounds, int_value, masked,
                       realize_if_costly, static)
 from .registry import Unsupported, lower
 
@@ -194,7 +194,7 @@ def upsample_nearest(x, output_size, scales, exact):
     def inner_fn(idx):
         *batch, oh, ow = idx
         return loader([*batch, _index(mh.nearest(oh), mh.size), _index(mw.nearest(ow), mw.size)])
-    return eager_layout(TensorBox.pointwise(x.device, x.dtype, inner_fn, list(x.get_size()[:-2]) + [mh.out, mw.out]))
+    return TensorBox.pointwise(x.device, x.dtype, inner_fn, list(x.get_size()[:-2]) + [mh.out, mw.out])
 
 
 @lower(aten.upsample_nearest2d.default)
@@ -244,7 +244,7 @@ def upsample_bilinear(x, output_size, align_corners, scales):
         hs, ws = axis(mh, oh), axis(mw, ow)
         rows = [(weighted([(loader([*batch, ih, iw]), w_w) for iw, w_w in ws]), w_h) for ih, w_h in hs]
         return cast(weighted(rows), acc, dtype)
-    return eager_layout(TensorBox.pointwise(x.device, dtype, inner_fn, list(x.get_size()[:-2]) + [mh.out, mw.out]))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, list(x.get_size()[:-2]) + [mh.out, mw.out])
 
 
 @lower(aten.upsample_bilinear2d.default)
@@ -331,7 +331,7 @@ def _backward(grad, input_size, maps, weight):
                     g = ops.mul(ops.mul(fh, fw), g)
                 total = accumulate(total, masked(g, both(both(okh, okw), both(mh, mw)), acc))
         return cast(total, acc, dtype)
-    return eager_layout(TensorBox.pointwise(grad.device, dtype, inner_fn, [sympify(s) for s in input_size]))
+    return TensorBox.pointwise(grad.device, dtype, inner_fn, [sympify(s) for s in input_size])
 
 
 def _nearest_weight(m: _Map, o, i):
