@@ -247,7 +247,7 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
         if mod is not None and base in extents and _known_ge(div * mod, extents[base]):
             mod = None
         out = out + _rebuild(coef, base, div, mod)
-    return out
+    return simplify_bounded(out, ranges) if extents else out
 
 
 def _known_ge(a: Expr, b: Expr) -> bool:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, hint, product, simplify_bounded, simplify_index
+from ...ir.symbolic import FloorDiv, ModularIndexing, hint, product, simplify_index
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import IndexPrinter
 
@@ -84,7 +84,7 @@ def split_rows(expr, X, R):
     flat = simplify_index(sympy.sympify(expr), ((XINDEX, X),))
     e = sympy.expand(flat.xreplace({XINDEX: R * XINDEX + RINDEX}))
     ranges = ((XINDEX, _exact_div(X, R)), (RINDEX, R))
-    return simplify_bounded(simplify_index(e, ranges), ranges)
+    return simplify_index(e, ranges)
 
 
 def _exact_div(X, R):
@@ -155,7 +155,7 @@ def choose_tiles(group) -> Optional[tuple]:
         if len(n.ranges) < 2 or n.has_indirect:
             continue
         bounds = tuple(zip(n.ivars, n.ranges))
-        dims = {_unit_stride_dim(simplify_bounded(simplify_index(sympy.sympify(d.index), bounds), bounds), n.ivars)
+        dims = {_unit_stride_dim(simplify_index(sympy.sympify(d.index), bounds), n.ivars)
                 for d in n.read_deps + n.write_deps}
         dims.discard(None)
         if len(dims) < 2 or max(dims) == 0:

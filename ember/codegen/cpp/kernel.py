@@ -36,7 +36,7 @@ import torch
 from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
-from .indexing import MIN_ROW, cpp_index, simplify_bounded, split_rows
+from .indexing import MIN_ROW, cpp_index, split_rows
 from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
@@ -209,7 +209,7 @@ class CppKernel(MathOps, SectionedKernel):
         if self.rows is not None:
             index = split_rows(index, self.group[0], self.rows)
         else:
-            index = simplify_bounded(simplify_index(sympy.sympify(index), self.ranges), self.ranges)
+            index = simplify_index(sympy.sympify(index), self.ranges)
         for s in size_symbols(index):
             self.args.size(s)
         syms = index.free_symbols
@@ -245,7 +245,7 @@ class CppKernel(MathOps, SectionedKernel):
         xt, xl, rt, rl = sympy.symbols("ember_xt ember_xl ember_rt ember_rl", integer=True, nonnegative=True)
         e = simplify_index(sympy.sympify(index), self.ranges).xreplace({XINDEX: TX * xt + xl, RINDEX: TR * rt + rl})
         bounds = ((xl, TX), (rl, TR))
-        e = sympy.expand(simplify_bounded(simplify_index(sympy.expand(e), bounds), bounds))
+        e = sympy.expand(simplify_index(sympy.expand(e), bounds))
         if any(f.free_symbols & {xl, rl} for f in e.atoms(sympy.Function)):
             return None
         simd, outer = (xl, rl) if self.simd_x else (rl, xl)
