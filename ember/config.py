@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -51,6 +51,11 @@ class Config:
     # Time a few block-size / warp configs of each large GPU kernel on its first call and keep the fastest
     # (cached on disk); False uses the heuristic's choice (codegen/triton/heuristics.py).
     autotune: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_AUTOTUNE", True))
+    # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
+    # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its
+    # first launch, in this process.
+    compile_workers: Optional[int] = dataclasses.field(
+        default_factory=lambda: int(os.environ["EMBER_COMPILE_WORKERS"]) if "EMBER_COMPILE_WORKERS" in os.environ else None)
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).

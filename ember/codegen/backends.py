@@ -10,6 +10,8 @@ import torch
 
 from .. import config
 from ..ir.symbolic import FloorDiv
+from ..ir.symbolic import hint
+from ..runtime import compile_pool
 from ..runtime.autotune import KernelTuning
 from .wrapper.lines import CallKernel, DefineKernel, Name
 
@@ -26,6 +28,9 @@ class TritonBackend:
     def __init__(self, interpret: bool):
         self.name = "triton-interpret" if interpret else "triton"
         self.tunes = config.autotune and not interpret
+        self.precompiles = not interpret
+        if self.precompiles:
+            compile_pool.start()        # workers boot while the graph is lowered and scheduled
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
         from ..schedule.tiling import choose_tiling
@@ -37,14 +42,21 @@ class TritonBackend:
         source = k.source()
         stored = set(k.args.outputs)
         tuning = self._tuning(k, meta)
+        warm = self._warm(graph, args, tuning.configs if tuning else [meta])
         if tuning:
-            return GeneratedKernel(DefineKernel(name, source, self.name, tuning), CallKernel(name, args, None, {}),
-                                   stored, source)
+            return GeneratedKernel(DefineKernel(name, source, self.name, tuning, warm),
+                                   CallKernel(name, args, None, {}), stored, source)
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
         if k.tiled:
             grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
-        return GeneratedKernel(DefineKernel(name, source, self.name), CallKernel(name, args, grid, meta), stored, source)
+        return GeneratedKernel(DefineKernel(name, source, self.name, None, warm), CallKernel(name, args, grid, meta),
+                               stored, source)
+
+    def _warm(self, graph, args, configs):
+        if not self.precompiles:
+            return None
+        return compile_pool.WarmSpec([graph.get_dtype(a) if isinstance(a, Name) else hint(a) for a in args], configs)
 
     def _tuning(self, k, meta):
         if not self.tunes:

@@ -81,6 +81,9 @@ def load_triton_kernels(kernels, backend: str) -> dict:
         check_interpreter()
     source = _HEADER[backend] + "\n\n" + "\n\n".join(k.source for k in kernels)
     mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
+    if backend == "triton":
+        from .compile_pool import precompile
+        precompile(mod, triton_helpers(), kernels)
     from .autotune import Autotuned
     return {k.name: Autotuned(getattr(mod, k.name), k.tuning, k.source) if k.tuning else getattr(mod, k.name)
             for k in kernels}

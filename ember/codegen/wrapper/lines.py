@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 
 from ...runtime.autotune import KernelTuning
+from ...runtime.compile_pool import WarmSpec
 
 
 class Name(str):
@@ -52,6 +53,7 @@ class DefineKernel:
     source: str
     backend: str         # "triton" | "triton-interpret" | "cpp"
     tuning: Optional[KernelTuning] = None   # candidate launch configs, timed at first call (autotuning)
+    warm: Optional[WarmSpec] = None         # how it will be launched, to compile it ahead (GPU only)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,143 @@
+"""Compile a graph's Triton kernels in parallel, before its first call.
+
+Triton compiles a kernel at its first launch, one after another and mostly under the GIL: a training
+graph of a few hundred kernels (with autotuning, several configs each) spent minutes there. Instead,
+when a graph's kernels are loaded, every (kernel, launch config) pair is sent to a pool of worker
+processes (`compile_worker.py`), which run Triton's own warm-up with the arguments the wrapper will pass
+(dtypes of the pointers, the sizes) and so leave each binary in Triton's on-disk cache under the key the
+first launch computes. The launches then load binaries instead of compiling them. A worker that fails
+changes nothing but speed: the launch compiles the kernel itself and reports any error as before.
+
+Workers start when the first GPU graph is generated (`start()`), in the background, and live until
+exit. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process).
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..config import config
+
+log = logging.getLogger("ember")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
+
+
+@dataclasses.dataclass
+class WarmSpec:
+    """How the wrapper will launch a kernel, as far as Triton's compile cache key depends on it."""
+    args: list           # a torch.dtype per pointer argument, an int per size (a hint for a symbol)
+    configs: list        # launch metas to compile: the kernel's one config, or every autotuning candidate
+
+
+class _Process:
+    def __init__(self):
+        # the interpreter's kernels compile nothing: workers always run real Triton
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.proc = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     stderr=None if os.environ.get("EMBER_COMPILE_WORKER_LOG") else subprocess.DEVNULL)
+        self.ready = False
+
+    def _read(self):
+        head = self.proc.stdout.read(4)
+        if len(head) < 4:
+            raise RuntimeError(f"ember compile worker exited (code {self.proc.poll()})")
+        return pickle.loads(self.proc.stdout.read(struct.unpack("<I", head)[0]))
+
+    def ask(self, job: dict):
+        if not self.ready:
+            self._read()                  # "ready": the worker has started
+            self.ready = True
+        data = pickle.dumps(job)
+        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+class CompilePool:
+    def __init__(self, n: int):
+        self.workers = [_Process() for _ in range(n)]
+        self.free = list(self.workers)
+        self.lock = threading.Condition()
+        self.threads = ThreadPoolExecutor(n, thread_name_prefix="ember-compile")
+        self.broken = False
+
+    def _ask(self, job: dict):
+        with self.lock:
+            while not self.free:
+                self.lock.wait()
+            w = self.free.pop()
+        try:
+            return w.ask(job)
+        finally:
+            with self.lock:
+                self.free.append(w)
+                self.lock.notify()
+
+    def run(self, jobs: list) -> list:
+        """Run every job; -> a list of error texts (empty when all compiled)."""
+        errors = []
+        for fut in [self.threads.submit(self._ask, j) for j in jobs]:
+            try:
+                err = fut.result()
+            except Exception as e:            # a worker died: stop using the pool, launches compile
+                self.broken = True
+                err = str(e)
+            if err:
+                errors.append(err)
+        return errors
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.threads.shutdown(wait=False)
+
+
+_pool: list = []          # the process's one pool, once started
+
+
+def _workers() -> int:
+    return config.compile_workers if config.compile_workers is not None else min(16, os.cpu_count() or 1)
+
+
+def start() -> CompilePool | None:
+    """The pool, started on first use (its workers boot while the graph is lowered and scheduled)."""
+    if _workers() < 2:
+        return None
+    if not _pool:
+        _pool.append(CompilePool(_workers()))
+        atexit.register(_pool[0].close)
+    return None if _pool[0].broken else _pool[0]
+
+
+def _target() -> tuple:
+    from triton.runtime import driver
+    t = driver.active.get_current_target()
+    return (t.backend, t.arch, t.warp_size)
+
+
+def precompile(module, helpers, kernels: list) -> None:
+    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done."""
+    specs = [(k.name, k.warm, cfg) for k in kernels if k.warm is not None for cfg in k.warm.configs]
+    pool = start()
+    if pool is None or len(specs) < 2:
+        return
+    target = _target()
+    jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
+             "args": [a if isinstance(a, int) else f"dtype:{str(a).replace('torch.', '')}" for a in warm.args],
+             "configs": [cfg]} for name, warm, cfg in specs]
+    for err in pool.run(jobs):
+        log.debug("ember: a compile worker could not compile a kernel (its launch will): %s", err)

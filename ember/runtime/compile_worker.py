@@ -1,0 +1,105 @@
+"""A compile worker: a separate Python process that compiles Triton kernels into Triton's on-disk cache.
+
+Started by `compile_pool.py` as `python <this file>` (run by path, not `-m ember...`, so the worker does
+not import ember, Dynamo or the user's `__main__`). It reads jobs from stdin and answers on stdout, each a
+length-prefixed pickle. A job names a kernel module file, a kernel in it and the arguments of its future
+launch; the worker runs Triton's own `JITFunction.warmup` with those, which compiles exactly the binary
+the parent's first launch will look up, under the same cache key, and leaves it in the cache.
+
+The worker never touches the GPU: Triton's driver is told the target (architecture) the parent found,
+and device/stream queries answer 0, so no CUDA context is created per worker.
+"""
+import importlib.util
+import os
+import pickle
+import struct
+import sys
+import traceback
+
+
+def _read(stream):
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head)
+    return pickle.loads(stream.read(n))
+
+
+def _write(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _load(path: str, extra: dict):
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__dict__.update(extra)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class CompileOnlyDriver:
+    """Stands in for Triton's GPU driver: answers what compiling asks (the target) without a device."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+class Worker:
+    def __init__(self):
+        self.modules: dict = {}
+        self.target = None
+
+    def _aim(self, target: tuple) -> None:
+        if self.target == target:
+            return
+        from triton.backends.compiler import GPUTarget
+        from triton.runtime import driver
+        driver.set_active(CompileOnlyDriver(GPUTarget(*target)))
+        self.target = target
+
+    def _module(self, path: str, helpers_path: str):
+        if path not in self.modules:
+            helpers = self.modules.get(helpers_path) or _load(helpers_path, {})
+            self.modules[helpers_path] = helpers
+            self.modules[path] = _load(path, {"helpers": helpers})
+        return self.modules[path]
+
+    def compile(self, job: dict) -> None:
+        import torch
+        self._aim(job["target"])
+        fn = getattr(self._module(job["path"], job["helpers"]), job["kernel"])
+        args = [getattr(torch, a[len("dtype:"):]) if isinstance(a, str) else a for a in job["args"]]
+        for meta in job["configs"]:
+            fn.warmup(*args, grid=(1,), **meta)
+
+
+def main() -> None:
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr          # a stray print must not corrupt the answers
+    worker = Worker()
+    _write(stdout, "ready")
+    while True:
+        job = _read(stdin)
+        if job is None:
+            return
+        try:
+            worker.compile(job)
+            _write(stdout, None)
+        except Exception:
+            _write(stdout, traceback.format_exc(limit=4))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The compile pool on a CPU: its workers compile real Triton kernels for a GPU target (no GPU needed to
+compile) into Triton's on-disk cache, one binary per launch config, and a job that fails comes back as
+text without stopping the others. (On a GPU, `scripts/compile_time.py` checks that the first launches
+then load these binaries: the graph's first call gets faster.)"""
+import os
+
+import pytest
+import torch
+
+from ember.runtime import compile_pool, loader
+
+SOURCE = loader._HEADER["triton"] + '''
+@triton.jit
+def scale(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    x = tl.load(in_ptr0 + xindex, xmask).to(tl.float32)
+    tl.store(out_ptr0 + xindex, helpers.prod(x, 3.0), xmask)
+'''
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    pytest.importorskip("triton.backends.nvidia")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))     # the workers inherit it
+    p = compile_pool.CompilePool(2)
+    yield p
+    p.close()
+
+
+def _job(mod, kernel, cfg):
+    return {"path": mod.__file__, "helpers": loader.triton_helpers().__file__, "kernel": kernel,
+            "target": ("cuda", 90, 32), "args": ["dtype:bfloat16", "dtype:float32", 4096], "configs": [cfg]}
+
+
+def test_workers_fill_tritons_cache_one_binary_per_config(pool, tmp_path):
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+    cfgs = [{"XBLOCK": 256, "num_warps": 4}, {"XBLOCK": 1024, "num_warps": 8}]
+    assert pool.run([_job(mod, "scale", c) for c in cfgs]) == []
+    cubins = [f for _, _, files in os.walk(tmp_path / "triton") for f in files if f.endswith(".cubin")]
+    assert len(cubins) == 2
+
+
+def test_a_failing_job_is_reported_and_the_rest_still_compile(pool, tmp_path):
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+    errors = pool.run([_job(mod, "no_such_kernel", {"XBLOCK": 64}), _job(mod, "scale", {"XBLOCK": 128})])
+    assert len(errors) == 1 and "no_such_kernel" in errors[0]
+    assert not pool.broken
+    cubins = [f for _, _, files in os.walk(tmp_path / "triton") for f in files if f.endswith(".cubin")]
+    assert len(cubins) == 1
+
+
+def test_warm_spec_of_a_generated_gpu_kernel_names_its_dtypes_and_sizes(monkeypatch):
+    """What TritonBackend records for the pool: a dtype per pointer and the sizes the wrapper passes."""
+    from ember.codegen.backends import TritonBackend
+    monkeypatch.setattr(compile_pool, "start", lambda: None)
+    backend = TritonBackend(interpret=False)
+    backend.tunes = False
+    captured = []
+    orig = backend._warm
+    monkeypatch.setattr(backend, "_warm", lambda *a: captured.append(orig(*a)) or captured[-1])
+    import ember.codegen.backends as B
+    monkeypatch.setattr(B, "backend_for", lambda device: backend)
+    from ember import compile_graph
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, y):
+        return (x.float() * 2 + y).sum(1)
+    x, y = torch.randn(8, 33).bfloat16(), torch.randn(8, 33)
+    gm = make_fx(f)(x, y)
+    compile_graph(gm, [x, y])          # generated and loaded, never called: nothing launches without a GPU
+    assert captured, "no GPU kernel was generated"
+    spec = captured[0]
+    assert spec.args[:2] == [torch.bfloat16, torch.float32] and 8 in spec.args and 33 in spec.args
+    assert spec.configs and all("XBLOCK" in c for c in spec.configs)
