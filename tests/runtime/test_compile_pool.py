@@ -59,8 +59,8 @@ def test_warm_spec_of_a_generated_gpu_kernel_names_its_dtypes_and_sizes(monkeypa
     captured = []
     orig = backend._warm
     monkeypatch.setattr(backend, "_warm", lambda *a: captured.append(orig(*a)) or captured[-1])
-    import ember.codegen.backends as B
-    monkeypatch.setattr(B, "backend_for", lambda device: backend)
+    import ember.codegen.program as program
+    monkeypatch.setattr(program, "backend_for", lambda device: backend)
     from ember import compile_graph
     from torch.fx.experimental.proxy_tensor import make_fx
 
