@@ -73,3 +73,26 @@ def test_warm_spec_of_a_generated_gpu_kernel_names_its_dtypes_and_sizes(monkeypa
     spec = captured[0]
     assert spec.args[:2] == [torch.bfloat16, torch.float32] and 8 in spec.args and 33 in spec.args
     assert spec.configs and all("XBLOCK" in c for c in spec.configs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launching needs a GPU")
+def test_first_launch_loads_what_the_workers_compiled(tmp_path, monkeypatch):
+    """The point of the pool: the wrapper's first launch finds the worker's binary under the key it
+    computes itself, so it compiles nothing (Triton's cache gains no new entry)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    from triton import knobs
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "triton"), raising=False)
+    pool = compile_pool.CompilePool(2)
+    try:
+        mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+        job = _job(mod, "scale", {"XBLOCK": 512, "num_warps": 4})
+        job["target"] = compile_pool._target()
+        assert pool.run([job]) == []
+    finally:
+        pool.close()
+    entries = set(os.listdir(tmp_path / "triton"))
+    x = torch.randn(4096, device="cuda").bfloat16()
+    out = torch.empty(4096, device="cuda")
+    mod.scale[(8,)](x, out, 4096, XBLOCK=512, num_warps=4)
+    torch.testing.assert_close(out, x.float() * 3.0)
+    assert set(os.listdir(tmp_path / "triton")) == entries, "the launch compiled its own binary: keys differ"
