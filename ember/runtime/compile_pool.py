@@ -107,6 +107,7 @@ class CompilePool:
 
 
 _pool: list = []          # the process's one pool, once started
+_warned: list = []
 
 
 def _workers() -> int:
@@ -139,5 +140,11 @@ def precompile(module, helpers, kernels: list) -> None:
     jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
              "args": [a if isinstance(a, int) else f"dtype:{str(a).replace('torch.', '')}" for a in warm.args],
              "configs": [cfg]} for name, warm, cfg in specs]
-    for err in pool.run(jobs):
+    errors = pool.run(jobs)
+    for err in errors:
         log.debug("ember: a compile worker could not compile a kernel (its launch will): %s", err)
+    if errors and len(errors) == len(jobs) and not _warned:
+        _warned.append(True)
+        log.warning("ember: the compile workers failed on every kernel, so kernels compile one by one at their "
+                    "first launch (slower; set ember.config.compile_workers=0 to skip the pool). First error:\n%s",
+                    errors[0])
