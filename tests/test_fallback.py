@@ -34,10 +34,10 @@ def test_sort_indices_and_descending(device):
     assert fallback_count("sort") == 1
 
 
-def test_cumsum_fallback(device):
+def test_cummax_fallback(device):
     x = torch.randn(4, 33, device=device)
-    check(lambda a: torch.cumsum(a.exp(), 1) / a.exp().sum(1, keepdim=True), x)
-    assert fallback_count("cumsum") == 1
+    check(lambda a: torch.cummax(a.exp(), 1).values / a.exp().sum(1, keepdim=True), x)
+    assert fallback_count("cummax") == 1
     assert ember.metrics.eager_fallbacks == 0
 
 
@@ -69,10 +69,10 @@ def test_matmul_fallback_grad(device):
 
 def test_fallback_of_a_transposed_computed_value(device):
     # the ATen op gets the layout eager would give it, and ember reads its output with the strides
-    # that op really returns (sort/flip of a transposed input return transposed outputs)
+    # that op really returns (sort/i0 of a transposed input return transposed outputs)
     x = torch.randn(4, 6, device=device)
-    check(lambda a: (torch.sort(a.t() * 2, 0)[0] + 1, torch.flip(a.t() * 2, [0]) + 1,
-                     torch.cumsum(a.t() * 2, 1) * 3), x)
+    check(lambda a: (torch.sort(a.t() * 2, 0)[0] + 1, torch.i0(a.t() * 2) + 1,
+                     torch.cummax(a.t() * 2, 1).values * 3), x)
 
 
 def test_fallback_of_a_transposed_stored_value(device):
@@ -81,7 +81,7 @@ def test_fallback_of_a_transposed_stored_value(device):
     def fn(a):
         b = (a * 2).exp()           # read by several consumers: stored
         c = b.t()
-        return torch.sort(c, 1)[0] * b.sum(), torch.flip(c, [1]) - b.mean(), c.sin()
+        return torch.sort(c, 1)[0] * b.sum(), torch.digamma(c) - b.mean(), c.sin()
     check(fn, x)
 
 
@@ -92,7 +92,7 @@ def test_fallback_taking_a_list_of_computed_values(device):
 
 def test_fallback_outputs_returned_directly(device):
     x = torch.randn(5, 7, device=device)
-    check(lambda a: (torch.sort(a, 1)[1], torch.cumprod(a, 0), torch.flip(a, [0])), x)
+    check(lambda a: (torch.sort(a, 1)[1], torch.cummax(a, 0).values, torch.i0(a)), x)
 
 
 # --- mutation of graph inputs -------------------------------------------------------------------------------
@@ -348,9 +348,9 @@ def test_unsupported_falls_back_per_op_not_per_graph(device, monkeypatch):
 
 def test_fallback_ops_counted_by_name(device):
     x = torch.randn(4, 6, device=device)
-    check(lambda a: (torch.sort(a, 1)[0] + torch.cumsum(a, 1), torch.sort(a * 2, 0)[0]), x)
+    check(lambda a: (torch.sort(a, 1)[0] + torch.cummax(a, 1).values, torch.sort(a * 2, 0)[0]), x)
     assert fallback_count("sort") == 2
-    assert fallback_count("cumsum") == 1
+    assert fallback_count("cummax") == 1
 
 
 def test_conv_fallback_with_fused_epilogue(device):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, MutationBuffer, Reduction
+from ..ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, MutationBuffer, Reduction, Scan
 from ..ir.ops import DefaultHandler, handler
 from ..ir.symbolic import make_index_vars
 
@@ -62,6 +62,9 @@ def describe_buffer(buf) -> str:
         head += f"\n    ranges={list(data.ranges)}"
         if isinstance(data, Reduction):
             head += f" reduction_ranges={list(data.reduction_ranges)} type={data.reduction_type}"
+        if isinstance(data, Scan):
+            ridx = make_index_vars("r", 1)
+            head += f" scan_length={data.scan_length} at dim {data.scan_dim} combine={data.combine}"
         p = _Printer()
         with handler(p):
             buf.store_body(idx, ridx)

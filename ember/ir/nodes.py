@@ -3,6 +3,7 @@
 A value being lowered is a TensorBox around one of:
   Pointwise    ranges + inner_fn(index) -> value           (not yet stored anywhere)
   Reduction    ranges + reduction_ranges + inner_fn(index, rindex), reduced by reduction_type
+  Scan         ranges (the rows) + scan_length + inner_fn(index, sindex), an inclusive scan along one dim
   Buffer       memory with a Layout: InputBuffer, ComputedBuffer (a realized Loops), ExternKernel
                (an ATen call), MultiOutput (one tensor of an extern's tuple), MutationBuffer,
                ScatterBuffer (writes at computed positions of another buffer)
@@ -118,6 +119,29 @@ class Reduction(Loops):
         return value
 
 
+@dataclasses.dataclass(eq=False)
+class Scan(Loops):
+    """An inclusive scan along one dim (cumsum, cumprod, logcumsumexp). `ranges` are the other dims (the
+    rows), `scan_length` the scanned dim's size and `scan_dim` its position in the output;
+    `inner_fn(index, sindex)` gives the value at row `index`, step `sindex[0]`; `combine` is one of
+    ops.SCAN_COMBINES. Kernels run it along their r axis, so it is realized as soon as it is built."""
+    scan_length: Expr = sympy.Integer(1)
+    scan_dim: int = 0
+    combine: str = "add"
+
+    def get_size(self):
+        return self.output_index(self.ranges, [self.scan_length])
+
+    def make_loader(self):
+        raise RuntimeError("a Scan must be realized before it is read")
+
+    def output_index(self, index, sindex) -> list:
+        return list(index[:self.scan_dim]) + [sindex[0]] + list(index[self.scan_dim:])
+
+    def body(self, index, sindex):
+        return ops.scan(self.dtype, self.combine, self.inner_fn(index, sindex))
+
+
 # --- memory ------------------------------------------------------------------------------------------
 
 class Buffer(IRNode):
@@ -174,6 +198,9 @@ class ComputedBuffer(Buffer):
     def store_body(self, index, rindex=()):
         """Run the computation for one output element (and one reduction element) and store it."""
         # kernels get the tensor itself, whose data pointer already includes its storage offset
+        if isinstance(self.data, Scan):
+            idx = self.layout.index(self.data.output_index(index, rindex)) - self.layout.offset
+            return ops.store(self.storage_name(), idx, self.data.body(index, rindex))
         idx = self.layout.index(index) - self.layout.offset
         if isinstance(self.data, Reduction):
             return ops.store_reduction(self.storage_name(), idx, self.data.body(index, rindex))

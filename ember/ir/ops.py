@@ -19,6 +19,8 @@ Random:     rand(seed, offset) -> float32 in [0, 1) · randn(seed, offset) -> fl
             seed and an integer offset (Philox4x32-10, Triton's tl.rand convention), so recomputing
             an element anywhere gives the same number
 Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple for welford)
+Scan:       scan(dtype, combine, value) -> value combined with every earlier step along the kernel's
+            r axis (a scan's steps), combine one of SCAN_COMBINES; dtype is the result's
 Math:       the names in UNARY, BINARY below.
 """
 from __future__ import annotations
@@ -35,12 +37,13 @@ BINARY = (
     "eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor "
     "bitwise_left_shift bitwise_right_shift"
 ).split()
-MEMORY = "load store store_reduction index_expr indirect_indexing constant to_dtype where reduction".split()
+MEMORY = "load store store_reduction index_expr indirect_indexing constant to_dtype where reduction scan".split()
 RANDOM = "rand randn randint64".split()
 OP_NAMES = tuple(UNARY + BINARY + MEMORY + RANDOM)
 
 STORE_MODES = (None, "atomic_add")
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin", "welford")
+SCAN_COMBINES = ("add", "mul", "logaddexp")
 
 
 class _Ops:

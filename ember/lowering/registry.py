@@ -39,4 +39,4 @@ def get_lowering(target):
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
     from . import (concat, creation, fallback, indexing, mutation, pointwise, pooling, random,  # noqa: F401
-                   reductions, scatter, upsample, views)
+                   reductions, scan, scatter, upsample, views)

@@ -298,6 +298,17 @@ def _view_strides(old_size, old_stride, new_size):
     return [sympy.Integer(v) for v in new_stride]
 
 
+@lower(aten.flip.default)
+def flip(x, dims):
+    # a copy in eager, an index remap here (no strides express it): consumers read x backwards, as the
+    # backward of a scan (flip, scan, flip) does
+    n = x.dim()
+    dims = {_dim(d, n) for d in dims} if n else set()
+    size, loader = x.get_size(), x.make_loader()
+    return TensorBox.pointwise(x.device, x.dtype, lambda idx: loader(
+        [size[i] - 1 - v if i in dims else v for i, v in enumerate(idx)]), list(size))
+
+
 @lower(aten.view.dtype)
 def view_dtype(x, dtype):
     raise Unsupported("view as another dtype")

@@ -5,7 +5,8 @@ Two groups may fuse when they run on the same device, their iteration spaces fit
 cycle through a third group, and every value one writes and the other reads is accessed at the same
 element (so no thread reads what another thread of the kernel writes). A scatter (a ScatterBuffer, or
 any store at positions loaded at run time) never shares a kernel with another reader or writer of its
-buffer.
+buffer. A scan is a kernel of its own: its steps run in order along the r axis, which no other node of a
+kernel expects.
 """
 from __future__ import annotations
 
@@ -152,6 +153,8 @@ class Fusion:
         if not (a.alive and b.alive and a.is_kernel() and b.is_kernel()) or a is b:
             return None
         if a.device() != b.device():
+            return None
+        if any(n.is_scan() for n in a.nodes + b.nodes):
             return None
         group = merged_group(a, b)
         if group is None:

@@ -1,9 +1,9 @@
 """Scheduler nodes: one per realized buffer, with its reads, writes and iteration space.
 
 A kernel iterates over a flat `xindex` (output elements or rows) and, for reductions, a flat `rindex`
-(elements of a row). A node's own loop variables map onto those as FloorDiv / ModularIndexing of the
-flat indices (`flat_vars`); `canonical` then rewrites any index of the node in kernel terms, simplified,
-so two nodes' accesses can be compared and printed.
+(elements of a row; a scan's steps along its scanned dim). A node's own loop variables map onto those as
+FloorDiv / ModularIndexing of the flat indices (`flat_vars`); `canonical` then rewrites any index of the
+node in kernel terms, simplified, so two nodes' accesses can be compared and printed.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from ..ir.deps import MemoryDep, record
-from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView
+from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView, Scan
 from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, make_index_vars, product, simplify_index,
                            statically_known_equal)
 
@@ -36,7 +36,8 @@ class SchedulerNode:
         if isinstance(buf, ComputedBuffer):
             data = buf.data
             self.ranges = list(data.ranges)
-            self.rranges = list(data.reduction_ranges) if isinstance(data, Reduction) else []
+            self.rranges = list(data.reduction_ranges) if isinstance(data, Reduction) else \
+                [data.scan_length] if isinstance(data, Scan) else []
             self.ivars = make_index_vars("i", len(self.ranges))
             self.rvars = make_index_vars("r", len(self.rranges))
             rec = record(buf.store_body, self.ivars, self.rvars)
@@ -69,7 +70,12 @@ class SchedulerNode:
         return isinstance(self.buf, ComputedBuffer)
 
     def is_reduction(self) -> bool:
-        return bool(self.rranges) or (isinstance(self.buf, ComputedBuffer) and isinstance(self.buf.data, Reduction))
+        """Has an r axis: a reduction, or a scan."""
+        return bool(self.rranges) or (isinstance(self.buf, ComputedBuffer) and
+                                      isinstance(self.buf.data, (Reduction, Scan)))
+
+    def is_scan(self) -> bool:
+        return isinstance(self.buf, ComputedBuffer) and isinstance(self.buf.data, Scan)
 
     def device(self) -> torch.device:
         return self.buf.get_device()

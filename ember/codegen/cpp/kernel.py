@@ -21,6 +21,10 @@ runs "x-lanes" instead: each thread takes blocks of XLANES consecutive rows, and
 across the rows of a block (contiguous in memory) inside the loop over r. Row results then live in
 arrays of XLANES (`tmp5[xl]`), one element per row of the block.
 
+A scan kernel (one Scan node, its steps along r) runs each row as one serial loop carrying the running
+value, rows split between threads; where the rows are not contiguous in memory it runs x-lanes instead,
+carrying XLANES running values and vectorizing across them.
+
 A store followed by a load of the same buffer at the same index in scope is forwarded (no memory
 traffic); buffers that live only inside the kernel are never stored.
 """
@@ -53,6 +57,10 @@ _VID = re.compile(r"\bv(\d+)\b")
 # calls worth a store and a load to avoid computing twice
 _COSTLY = re.compile(r"std::(exp|exp2|expm1|log|log2|log10|log1p|sin|cos|tan|asin|acos|atan|sinh|cosh|tanh|asinh|"
                      r"acosh|atanh|erf|erfc|pow|atan2|hypot|lgamma|fmod)\(|ember::(exp_|erf_|erfinv)")
+
+
+_SCAN_IDENTITY = {"add": 0, "mul": 1, "logaddexp": float("-inf")}
+_SCAN_STEP = {"add": "{0} + {1}", "mul": "{0} * {1}", "logaddexp": "ember::logaddexp({0}, {1})"}
 
 
 def _tree(step: str, acc: str, lanes: int) -> list[str]:
@@ -99,7 +107,9 @@ class CppKernel(MathOps, SectionedKernel):
         self.checks = False                           # any indirect index is bounds-checked
         self.atomics = False                          # any store is an atomic read-modify-write
         self._tmp_values: dict[str, KValue] = {}      # indirect-index symbols -> their values
-        self.xlanes = self.has_rdim and not self.tiled and self.rows is None and self._prefers_xlanes()
+        self.has_scan = any(n.is_scan() for n in self.nodes)
+        self.xlanes = self.has_rdim and not self.tiled and self.rows is None and \
+            (self._scan_prefers_xlanes() if self.has_scan else self._prefers_xlanes())
         self.simd_x = self.tiled and self._prefers_xlanes(stores=2)    # tiled: SIMD along x, not r
         self.stage: list[tuple] = []                  # tiled: loads staged through an L1 tile buffer
         self.decls: list[str] = []                    # x-lanes: per-row arrays, declared per block
@@ -141,6 +151,20 @@ class CppKernel(MathOps, SectionedKernel):
                 elif e.coeff(XINDEX) == 1:
                     along_x += w
         return along_x > along_r or R < MIN_ROW
+
+    def _scan_prefers_xlanes(self) -> bool:
+        """A scan's steps run in order, so a row is a serial loop: the right loop where the row is
+        contiguous in memory (forwards or backwards). Otherwise (a scan along an outer dim) the SIMD loop
+        goes across rows, which then lie side by side in memory, inside the loop over steps."""
+        if self._hint(self.X) < 2:
+            return False
+        for n in self.nodes:
+            subs = n.flat_vars(self.group)
+            for d in n.read_deps:
+                e = sympy.expand(canonical(d.index, subs, self.group))
+                if e.coeff(RINDEX) in (1, -1):
+                    return False
+        return True
 
     # -- driving ---------------------------------------------------------------------------------------
 
@@ -423,6 +447,26 @@ class CppKernel(MathOps, SectionedKernel):
             return r
         return self.cse(f"static_cast<{ctype(dtype)}>({r})", dtype, "x", where="post")
 
+    # -- scans ---------------------------------------------------------------------------------------------
+
+    def scan(self, dtype, combine, value: KValue):
+        """The row's running value, carried by the serial loop over the steps (in x-lanes mode, one per
+        row of the block: the SIMD loop runs across rows)."""
+        if not self.has_rdim:
+            return value           # a scan of one step is its value
+        sec = self.section
+        t = ctype(value.dtype)
+        acc = f"acc{next(self.counter)}"
+        ident = c_literal(_SCAN_IDENTITY[combine], value.dtype)
+        if self.xlanes:
+            sec.pre += self._lanes(acc, t, ident)
+            acc += "[xl]"
+        else:
+            sec.pre.append(f"{t} {acc} = {ident};")
+        sec.body.append(f"{acc} = {_SCAN_STEP[combine].format(acc, value)};")
+        self.scope[acc] = sec.id
+        return KValue(acc, value.dtype, "xr")
+
     # -- source ----------------------------------------------------------------------------------------
 
     def params(self) -> list[str]:
@@ -608,7 +652,11 @@ class CppKernel(MathOps, SectionedKernel):
         rnumel = str(int(R)) if R.is_Integer else "rnumel"    # a static row: trip counts the compiler sees
         for sec in self.sections:
             body = list(sec.pre)
-            if sec.kind == "loop":
+            if sec.kind == "loop" and self.has_scan:
+                # each step needs the one before: one serial loop, no SIMD lanes
+                body += [f"for (int64_t rindex = 0; rindex < {rnumel}; ++rindex) {{"] + \
+                    ["  " + ln for ln in sec.body] + ["}"]
+            elif sec.kind == "loop":
                 # whole chunks with a constant trip count (straight vector code), then one partial chunk
                 inner = ["    const int64_t rindex = r0 + rl;"] + ["    " + ln for ln in sec.body] + ["  }"]
                 chunk = ["  " + ln for ln in sec.chunk]

@@ -81,6 +81,14 @@ static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 template <typename T> static inline T max_nan(T a, T b) { return ((a > b) | (a != a)) ? a : b; }
 template <typename T> static inline T min_nan(T a, T b) { return ((a < b) | (a != a)) ? a : b; }
 
+// log(exp(a) + exp(b)) without overflow: max + log1p(exp(min - max)). Equal values give max + log(2), so
+// equal infinities give that infinity (min - max would be nan); a NaN operand propagates.
+template <typename T> static inline T logaddexp(T a, T b) {
+  const bool pick_a = (a > b) | (a != a);
+  const T mx = pick_a ? a : b, mn = pick_a ? b : a;
+  return mx + std::log1p(std::exp(mx == mn ? T(0) : mn - mx));
+}
+
 // Python semantics; division by zero gives 0 instead of a hardware trap
 template <typename T> static inline T floordiv_int(T a, T b) {
   if (b == 0) return 0;

@@ -1,7 +1,14 @@
 """@triton.jit helpers that generated kernels call as `helpers.<name>` (combine functions for
-tl.reduce, and integer arithmetic with Python's rounding)."""
+tl.reduce and tl.associative_scan, and integer arithmetic with Python's rounding)."""
+import os
+
 import triton
 import triton.language as tl
+
+if os.environ.get("TRITON_INTERPRET") == "1":      # the interpreter does not patch libdevice
+    from ember.codegen.triton import interp_libdevice as libdevice
+else:
+    from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -26,8 +33,24 @@ def min_int(a, b):
 
 
 @triton.jit
+def add(a, b):
+    return a + b
+
+
+@triton.jit
 def prod(a, b):
     return a * b
+
+
+@triton.jit
+def logaddexp(a, b):
+    # max + log1p(exp(min - max)): never overflows. Equal values give max + log(2), so equal infinities
+    # give that infinity (min - max would be nan); a NaN operand propagates.
+    pick_a = (a > b) | (a != a)
+    mx = tl.where(pick_a, a, b)
+    mn = tl.where(pick_a, b, a)
+    same = mx == mn
+    return mx + libdevice.log1p(tl.exp(tl.where(same, 0.0, mn) - tl.where(same, 0.0, mx)))
 
 
 @triton.jit

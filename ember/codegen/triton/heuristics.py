@@ -7,6 +7,13 @@ import sympy
 from ...ir.symbolic import hint
 
 
+# Scans whose scanned dim fits this many elements hold it whole (one tl.associative_scan per row); longer
+# ones loop over chunks. The scan keeps a few temporaries per element, so this is below reductions' limit.
+PERSISTENT_SCAN_MAX = 1024
+# elements of one program's block in a persistent scan
+SCAN_BLOCK_MAX = 8192
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -43,6 +50,8 @@ def launch_config(kernel) -> dict:
         xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
         if not _reads_rows_contiguously(kernel):
             xblock = max(xblock, min(32, next_pow2(X)))
+        if kernel.has_scan:
+            xblock = min(xblock, max(1, SCAN_BLOCK_MAX // rblock))
         n = xblock * rblock
         warps = 2 if n <= 512 else 4 if n <= 2048 else 8 if n <= 8192 else 16
         return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
@@ -86,7 +95,7 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
         cands = []
         for xb in (1, 2, 4, 8, 16, 32):
             n = xb * rblock
-            if n > 32768 or xb > next_pow2(X):
+            if n > (SCAN_BLOCK_MAX if kernel.has_scan else 32768) or xb > next_pow2(X):
                 continue
             for w in (max(1, n // 1024), max(1, n // 512), max(1, n // 256)):
                 if w <= 16:

@@ -6,6 +6,8 @@ sections: a "loop" over row chunks (looped reductions) or straight-line code. A 
 reduction finished in the current loop starts the next section; in a persistent reduction the whole row
 is in registers and all nodes share one section.
 
+A scan kernel (one Scan node) is a persistent or a looped "reduction" whose r axis is the scanned dim.
+
 A store followed by a load of the same buffer at the same index in scope is forwarded (no memory
 traffic); buffers that live only inside the kernel are never stored.
 """
@@ -26,6 +28,8 @@ from .ops import MathOps, triton_type, compute_dtype
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
 _ATOMIC_ADD_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)   # on GPUs and in the interpreter
+_SCAN_FNS = {"add": "helpers.add", "mul": "helpers.prod", "logaddexp": "helpers.logaddexp"}
+_SCAN_IDENTITY = {"add": "0", "mul": "1", "logaddexp": 'float("-inf")'}
 
 
 class TritonKernel(MathOps, SectionedKernel):
@@ -39,7 +43,9 @@ class TritonKernel(MathOps, SectionedKernel):
         X, R = self.group
         self.X, self.R = X, R
         self.has_rdim = R != 1
-        self.persistent = self.tiled or (self.has_rdim and is_static(R) and int(R) <= config.persistent_reduction_max)
+        self.has_scan = any(n.is_scan() for n in self.nodes)
+        limit = heuristics.PERSISTENT_SCAN_MAX if self.has_scan else config.persistent_reduction_max
+        self.persistent = self.tiled or (self.has_rdim and is_static(R) and int(R) <= limit)
         self.sections: list[Section] = []
         self.global_cache: dict = {}
         self.scope: dict[str, Optional[int]] = {}     # value name -> section id it is confined to
@@ -300,6 +306,28 @@ class TritonKernel(MathOps, SectionedKernel):
         sec.body.append(f"{acc} = {self._combine_fn(rtype, src)}({acc}, {masked})")
         r = self.cse(f"tl.reduce({acc}, 1, {self._combine_fn(rtype, src)})[:, None]", dtype, "x", where="post")
         return r if rtype not in ("any", "all") else self.cse(f"{r}.to(tl.int1)", torch.bool, "x", where="post")
+
+    # -- scans ---------------------------------------------------------------------------------------------
+
+    def scan(self, dtype, combine, value: KValue):
+        """tl.associative_scan along r of the row chunk in the block (masked lanes hold the identity, so
+        they change nothing); a looped kernel carries each row's running value into the next chunk."""
+        if not self.has_rdim:
+            return value           # a scan of one step is its value
+        fn = _SCAN_FNS[combine]
+        tt = triton_type(value.dtype)
+        ident = _SCAN_IDENTITY[combine]
+        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {tt})"
+        masked = self.cse(f"tl.where(xmask & rmask, {v}, {ident})", value.dtype, "xr")
+        scanned = self.cse(f"tl.associative_scan({masked}, 1, {fn})", value.dtype, "xr")
+        if self.persistent:
+            return scanned
+        carry = f"_carry{next(self.counter)}"
+        self.emit(f"{carry} = tl.full([XBLOCK, 1], {ident}, {tt})", "pre")
+        out = self.cse(f"{fn}({carry}, {scanned})", value.dtype, "xr")
+        # the chunk's last column is the row's running value so far (lanes past the row hold the identity)
+        self.emit(f"{carry} = tl.sum(tl.where(rbase == RBLOCK - 1, {out}, 0), 1)[:, None].to({tt})")
+        return out
 
     # -- source ----------------------------------------------------------------------------------------
 
