@@ -55,6 +55,24 @@ class CompileOnlyDriver:
     def get_current_stream(self, device=None):
         return 0
 
+    @property
+    def utils(self):
+        # building a launcher may ask for the driver's utilities (loading them creates no CUDA context)
+        if "utils" not in self.__dict__:
+            from triton.backends import backends
+            self.__dict__["utils"] = backends[self.target.backend if self.target.backend != "cuda" else "nvidia"].driver().utils
+        return self.__dict__["utils"]
+
+
+def build_launcher(kernel) -> None:
+    """Triton versions that build a C launcher per kernel signature (a C compile of about a second) do it
+    at the kernel's first launch, one after another; building it here leaves it in the cache too."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:          # a launch builds it then; nothing is lost but time
+        pass
+
 
 class Worker:
     def __init__(self):
@@ -82,7 +100,9 @@ class Worker:
         fn = getattr(self._module(job["path"], job["helpers"]), job["kernel"])
         args = [getattr(torch, a[len("dtype:"):]) if isinstance(a, str) else a for a in job["args"]]
         for meta in job["configs"]:
-            fn.warmup(*args, grid=(1,), **meta)
+            kernel = fn.warmup(*args, grid=(1,), **meta)
+            if kernel is not None:
+                build_launcher(kernel)
 
 
 def main() -> None:

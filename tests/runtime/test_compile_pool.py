@@ -95,4 +95,5 @@ def test_first_launch_loads_what_the_workers_compiled(tmp_path, monkeypatch):
     out = torch.empty(4096, device="cuda")
     mod.scale[(8,)](x, out, 4096, XBLOCK=512, num_warps=4)
     torch.testing.assert_close(out, x.float() * 3.0)
-    assert set(os.listdir(tmp_path / "triton")) == entries, "the launch compiled its own binary: keys differ"
+    # any new entry is a kernel compiled again (under another key) or a launcher the worker did not build
+    assert set(os.listdir(tmp_path / "triton")) == entries, "the first launch compiled something itself"
