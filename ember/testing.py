@@ -117,3 +117,35 @@ def randi(*shape, lo=-20, hi=20, dtype=torch.int64, device="cpu", nonzero=False)
 def randb(*shape, device="cpu"):
     return torch.rand(*shape, device=device) > 0.5
 
+
+
+def peak_bytes(fn) -> int:
+    """Most bytes allocated at once while fn() runs, above what was allocated when it started: CUDA's
+    allocator statistics on a GPU, the profiler's record of every CPU allocation otherwise."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    import json
+    import os
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = sorted((e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"),
+                            key=lambda e: e["ts"])
+    finally:
+        os.remove(path)
+    if not events:
+        return 0
+    first = events[0]["args"]
+    start = first["Total Allocated"] - first["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in events) - start

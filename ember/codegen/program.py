@@ -153,10 +153,15 @@ class ProgramBuilder:
             self._check(buf)
             return
         assert isinstance(buf, ExternKernel)
+        first_view = self.views + 1
         args = [self._arg(a) for a in buf.args]
         kwargs = {k: self._arg(v) for k, v in buf.kwargs.items()}
         self.allocated.add(buf.get_name())
         self.lines.append(CallExtern(buf.get_name(), buf.op, args, kwargs))
+        # the views made for this call's arguments serve it alone: dropped now, they stop holding their
+        # base's memory alive after the base itself is freed
+        if self.views >= first_view:
+            self.lines.append(Free([f"view{i}" for i in range(first_view, self.views + 1)]))
         self._bind_output_symbols(buf)
         self._check(buf)
 
