@@ -2,6 +2,8 @@
 frees after last use, extern calls, views and the returned values."""
 from __future__ import annotations
 
+import re
+
 import sympy
 import torch
 
@@ -29,6 +31,7 @@ class ProgramBuilder:
         self.pool: dict = {}         # layout key -> [(dead buffer, the Free line that dropped it)]
         self.dying: set = set()      # buffers read for the last time by the kernel being generated
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
+        self.defined: dict = {}      # (backend, source with the name blanked) -> the kernel defined with it
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -125,7 +128,14 @@ class ProgramBuilder:
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)
-        self.lines.append(gen.define)
+        # a kernel whose source matches an earlier one's but for its name (the same layer, repeated) is
+        # that kernel: launched again instead of compiled, tuned and loaded once more
+        same = (gen.define.backend, re.sub(rf"\b{name}\b", "KERNEL", gen.define.source))
+        if same in self.defined:
+            gen.call.name = self.defined[same]
+        else:
+            self.defined[same] = name
+            self.lines.append(gen.define)
         self.lines.append(gen.call)
 
     def _arg(self, a):

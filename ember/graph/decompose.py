@@ -76,7 +76,12 @@ def decompose(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode(vals) or detect_fake_mode(example_inputs)
+    try:
+        fake_mode = detect_fake_mode(vals) or detect_fake_mode(example_inputs)
+    except AssertionError:
+        # placeholders faked by different modes (make_fx in real mode gives each its own): fake the
+        # example inputs afresh instead
+        fake_mode = None
     if fake_mode is None:
         from torch._subclasses.fake_tensor import FakeTensorMode
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)

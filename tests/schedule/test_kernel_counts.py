@@ -44,3 +44,21 @@ def test_kernel_counts_do_not_depend_on_row_length(device):
     with ember.config.patch(persistent_reduction_max=1024):
         check(lambda x: torch.softmax(x, -1), x, grad=True)
     assert ember.metrics.generated_kernel_count == 2
+
+
+def test_repeated_layers_share_their_kernels(device):
+    """Kernels whose source is the same but for the name (the same layer, repeated) are defined
+    (compiled, tuned, loaded) once and launched once per layer, with the right results."""
+    import re
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layers(x, w0, w1, w2, w3):
+        for w in (w0, w1, w2, w3):
+            x = F.gelu(x @ w) * 2         # the matmul (ATen) ends each layer's kernel
+        return x
+    args = [torch.randn(N, D, device=device)] + [torch.randn(D, D, device=device) / 10 for _ in range(4)]
+    gm = make_fx(layers)(*args)
+    compiled = ember.compile_graph(gm, args)
+    assert ember.metrics.generated_kernel_count == 4                     # one per layer, launched
+    assert set(re.findall(r"\bkernel\d+\b", compiled.source)) == {"kernel0"}, compiled.source  # one defined
+    torch.testing.assert_close(compiled(list(args))[0], layers(*args))
