@@ -59,14 +59,18 @@ class TritonBackend:
         return compile_pool.WarmSpec([graph.get_dtype(a) if isinstance(a, Name) else hint(a) for a in args], configs)
 
     def _tuning(self, k, meta):
+        from .triton.heuristics import candidate_configs, row_sized_configs
+        ptrs = k.args.call_order()
+        written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+        if k.rblock_at_launch:
+            # RBLOCK must cover the row the launch passes: the launcher picks the config per size class
+            configs_for = row_sized_configs(k, self.tunes)
+            return KernelTuning(configs_for(hint(k.X), hint(k.R)), len(ptrs), k.tiled, written, configs_for)
         if not self.tunes:
             return None
-        from .triton.heuristics import candidate_configs
         configs = candidate_configs(k, meta)
         if len(configs) < 2:
             return None
-        ptrs = k.args.call_order()
-        written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
         return KernelTuning(configs, len(ptrs), k.tiled, written)
 
 

@@ -173,6 +173,59 @@ def _hint_source():
     return None if g is None else g.symbol_hints
 
 
+def _shape_env():
+    from .. import state
+    g = state.graph.get()
+    return None if g is None else getattr(g, "shape_env", None)
+
+
+def guard_le(x, limit: int) -> bool:
+    """Is `x <= limit` for every size this graph will run with? True when the sizes decide it, or when the
+    example sizes satisfy it and a guard on it was installed with the ShapeEnv (Dynamo then recompiles
+    for sizes that break it). False when that cannot be promised: the caller keeps the choice that is
+    valid for every size."""
+    x = sympify(x)
+    if x.is_Integer:
+        return int(x) <= limit
+    env, hints = _shape_env(), _hint_source() or {}
+    # unbacked symbols (sizes that depend on data) have no example value to decide from; torch's own
+    # functions and ember's index functions are left out, so the guard prints as Python in Dynamo's
+    # guard code
+    if env is None or not x.free_symbols <= hints.keys() or not _is_polynomial(x) or hint(x) > limit:
+        return False
+    try:
+        upper = env.bound_sympy(x).upper
+        if upper.is_Integer and int(upper) <= limit:
+            return True
+        # a guard must not narrow a declared range (mark_dynamic(min=, max=)): Dynamo reports that as a
+        # constraint violation instead of recompiling. A frozen ShapeEnv (a backward compiled lazily,
+        # after Dynamo produced its guards) and suppressed guards drop the guard silently: the decision
+        # would then hold for no size.
+        if any(_declared_max(env, s) for s in x.free_symbols) or getattr(env, "frozen", True) \
+                or _guards_suppressed(env):
+            return False
+        return bool(env.evaluate_expr(sympy.Le(x, sympy.Integer(limit))))
+    except Exception:          # noqa: BLE001  (any trouble guarding: keep the choice valid for every size)
+        return False
+
+
+def _is_polynomial(x: Expr) -> bool:
+    return x.is_polynomial() and all(isinstance(e, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul, sympy.Pow))
+                                     for e in sympy.preorder_traversal(x))
+
+
+def _declared_max(env, s) -> bool:
+    """Does symbol s have a finite upper bound that no guard set? Sizes start unbounded above; only a
+    declared range or a guard bounds them, and the guards are on record."""
+    upper = env.var_to_range[s].upper
+    return upper.is_Integer and not any(g.expr == sympy.Le(s, upper) for g in env.guards)
+
+
+def _guards_suppressed(env) -> bool:
+    check = getattr(env, "_suppress_guards_tls", None)
+    return True if check is None else bool(check())
+
+
 # --- simplification -------------------------------------------------------------------------------
 
 def _as_mod_terms(expr: Expr):

@@ -53,6 +53,7 @@ class GraphLowering(torch.fx.Interpreter):
         self.constants: dict[str, torch.Tensor] = {}
         self.outputs: list[Any] = []
         self.symbol_hints: dict[sympy.Symbol, int] = {}
+        self.shape_env = None                       # the inputs' ShapeEnv, where decisions install guards
         self.device_types: set[str] = set()
         self.current_node: torch.fx.Node | None = None
         self.pending_mutations: list = []      # (input buffer, TensorBox of its new value): see mutation.py
@@ -88,7 +89,7 @@ class GraphLowering(torch.fx.Interpreter):
             expr = val.node.expr
             for sym in expr.free_symbols:
                 if sym not in self.symbol_hints:
-                    env = val.node.shape_env
+                    env = self.shape_env = val.node.shape_env
                     table = getattr(env, "backed_var_to_val", None)   # torch >= 2.13
                     if table is None:
                         table = env.var_to_val

@@ -3,6 +3,9 @@ size, launch the fastest from then on, and remember the choice on disk.
 
 The candidates come from `codegen/triton/heuristics.py` (the heuristic's own choice first); the wrapper
 calls a tuned kernel as `kernel.run(*args)` with no grid, since the grid follows the chosen block size.
+Candidates may depend on the launch's sizes (`KernelTuning.configs_for`): a persistent reduction over a
+symbolic row needs an RBLOCK that holds the row, so its configs are made per size class; such a kernel
+is launched this way even untuned (one candidate per class, nothing timed).
 Tuning runs the kernel on the call's real arguments, so every buffer the kernel writes is first copied
 and restored afterwards: a kernel that reads what it writes (in place, atomic accumulation) then still
 sees the values it would have seen untuned.
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import time
+from typing import Callable, Optional
 
 import torch
 
@@ -34,6 +38,10 @@ class KernelTuning:
     xnumel_arg: int        # position of xnumel in the call's arguments (rnumel follows it)
     tiled: bool            # 2-D grid: (x blocks, r blocks)
     written: list          # positions of the arguments the kernel writes
+    # candidates that depend on the launch's sizes: configs_for(xnumel, rnumel) -> metas, best guess first,
+    # asked once per size class (a persistent reduction of a symbolic row: RBLOCK must hold the row);
+    # `configs` are then those of the example sizes (what is compiled ahead)
+    configs_for: Optional[Callable[[int, int], list]] = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -45,7 +53,8 @@ def _pow2(n: int) -> int:
 
 
 class Autotuned:
-    """A Triton kernel with several launch configs; `run(*args)` launches the best one for these sizes."""
+    """A Triton kernel with several launch configs; `run(*args)` launches the best one for these sizes (a
+    lone candidate is taken as it is)."""
 
     def __init__(self, fn, tuning: KernelTuning, source: str):
         self.fn, self.tuning = fn, tuning
@@ -72,7 +81,7 @@ class Autotuned:
             sizes = tuple(_pow2(a) for a in ints if isinstance(a, int) and not isinstance(a, bool))
             cfg = self.best.get(sizes)
             if cfg is None:
-                cfg = self.best[sizes] = self._load(sizes) or self._tune(sizes, args)
+                cfg = self.best[sizes] = self._choose(sizes, args)
             hit = self.ready[ints] = (cfg, self.grid(cfg, args))
         cfg, grid = hit
         self.fn[grid](*args, **cfg)
@@ -84,18 +93,30 @@ class Autotuned:
         h = hashlib.sha256(f"{self.key}|{dev}|{sizes}".encode()).hexdigest()[:24]
         return os.path.join(cache_dir(), "autotune", f"{h}.json")
 
-    def _load(self, sizes):
+    def candidates(self, args) -> list:
+        t = self.tuning
+        if t.configs_for is None:
+            return t.configs
+        return t.configs_for(args[t.xnumel_arg], args[t.xnumel_arg + 1])
+
+    def _choose(self, sizes, args) -> dict:
+        configs = self.candidates(args)
+        if len(configs) == 1:
+            return configs[0]
+        return self._load(sizes, configs) or self._tune(sizes, args, configs)
+
+    def _load(self, sizes, configs):
         try:
             with open(self._path(sizes)) as f:
                 cfg = json.load(f)
-            return cfg if cfg in self.tuning.configs else None
+            return cfg if cfg in configs else None
         except (OSError, ValueError):
             return None
 
-    def _tune(self, sizes, args) -> dict:
+    def _tune(self, sizes, args, configs) -> dict:
         saved = {i: args[i].clone() for i in self.tuning.written}
         timings = []
-        for cfg in self.tuning.configs:
+        for cfg in configs:
             try:
                 timings.append((self._time(cfg, args), cfg))
             except Exception as e:          # a config the compiler rejects (too many registers ...)
@@ -103,7 +124,7 @@ class Autotuned:
         for i, t in saved.items():
             args[i].copy_(t)
         if not timings:
-            raise RuntimeError(f"ember autotune: no candidate config of this kernel runs: {self.tuning.configs}")
+            raise RuntimeError(f"ember autotune: no candidate config of this kernel runs: {configs}")
         best = min(timings, key=lambda tc: tc[0])[1]
         log.debug("ember autotune: %s", [(round(t * 1e3, 1), c) for t, c in timings])
         self._save(sizes, best)

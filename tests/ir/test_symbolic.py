@@ -45,3 +45,63 @@ def test_symbolic_extents_never_guess():
     s0 = sympy.Symbol("s0", integer=True, positive=True)
     e = FloorDiv(r, 64)
     assert simplify_index(e, ((x, 8), (r, s0))).has(FloorDiv)
+
+
+# -- guard_le: decisions on a symbolic size, guarded with the ShapeEnv ---------------------------------------
+
+def _graph_with(env, *symbols):
+    """What guard_le reads from the graph being compiled: the example sizes and the ShapeEnv."""
+    from types import SimpleNamespace
+    table = getattr(env, "backed_var_to_val", None) or env.var_to_val       # torch >= 2.13, older
+    return SimpleNamespace(shape_env=env, symbol_hints={s: int(table[s]) for s in symbols})
+
+
+def _env_and_symbol(value, constraint=None):
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    env = ShapeEnv()
+    s = env.create_symbol(value, ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC, constraint_dim=constraint)
+    return env, s
+
+
+def _guard_le(graph, expr, limit):
+    from ember import state
+    from ember.ir.symbolic import guard_le
+    with state.bind(state.graph, graph):
+        return guard_le(expr, limit)
+
+
+def test_guard_le_installs_a_guard_when_the_example_fits():
+    env, s = _env_and_symbol(100)
+    g = _graph_with(env, s)
+    assert _guard_le(g, s, 64) is False and not env.guards          # too long: nothing to guard
+    assert _guard_le(g, 2 * s, 1024) is True
+    assert [str(x.expr) for x in env.guards] == ["2*%s <= 1024" % s]
+    assert env.evaluate_expr(sympy.Le(s, 512)) == sympy.true        # implied now: no second guard
+    assert _guard_le(g, sympy.Integer(9), 8) is False and _guard_le(g, sympy.Integer(8), 8) is True
+
+
+def test_guard_le_keeps_the_looped_choice_when_it_cannot_guard():
+    from torch.fx.experimental.symbolic_shapes import StrictMinMaxConstraint
+    from torch.utils._sympy.value_ranges import ValueRanges
+    env, s = _env_and_symbol(100)
+    assert _guard_le(None, s, 1024) is False                          # no graph, no ShapeEnv
+    u = env.create_unbacked_symint().node.expr
+    assert _guard_le(_graph_with(env, s), u, 1024) is False           # data-dependent: no example value
+    assert _guard_le(_graph_with(env, s), FloorDiv(s, 2), 1024) is False   # not a polynomial of sizes
+    env.freeze()                                                       # guards would be dropped
+    assert _guard_le(_graph_with(env, s), s, 1024) is False
+    # a declared range that reaches above the limit: a guard would violate it
+    env, s = _env_and_symbol(100, StrictMinMaxConstraint(vr=ValueRanges(2, 100000), warn_only=False))
+    assert _guard_le(_graph_with(env, s), s, 1024) is False and not env.guards
+    # ... one within the limit decides it with no guard
+    env, s = _env_and_symbol(100, StrictMinMaxConstraint(vr=ValueRanges(2, 1000), warn_only=False))
+    assert _guard_le(_graph_with(env, s), s, 1024) is True and not env.guards
+
+
+def test_guard_le_may_tighten_its_own_guard():
+    env, s = _env_and_symbol(100)
+    g = _graph_with(env, s)
+    assert _guard_le(g, s, 16384) is True
+    assert _guard_le(g, s, 1024) is True                              # below the guard ember installed
+    assert len(env.guards) == 2

@@ -64,3 +64,38 @@ def test_sizes_of_one_power_of_two_class_share_a_choice(tmp_cache, device):
         k.run(x, y, n)
         torch.testing.assert_close(x, ref)
     assert len(k.best) == 1
+
+
+@triton.jit
+def _row_sum(in_ptr0, out_ptr0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    rindex = tl.arange(0, RBLOCK)[None, :]
+    mask = (xindex < xnumel) & (rindex < rnumel)
+    x = tl.load(in_ptr0 + (rindex + rnumel * xindex), mask, other=0)
+    tl.store(out_ptr0 + xindex, tl.sum(x, 1)[:, None], xindex < xnumel)
+
+
+def test_rblock_follows_the_row_length(tmp_cache, device):
+    """A persistent reduction over a symbolic row: each size class gets configs whose RBLOCK holds its row."""
+    from ember.codegen.triton.heuristics import RowSizedConfigs, next_pow2
+    configs_for = RowSizedConfigs(contiguous=True, scan=False, tune=True)
+    k = Autotuned(_row_sum, KernelTuning(configs_for(3, 7), xnumel_arg=2, tiled=False, written=[1],
+                                         configs_for=configs_for), "row_sum v1")
+    for n in (7, 5, 33, 1000, 1023, 4097):
+        x = torch.randn(3, n, device=device)
+        out = torch.empty(3, device=device)
+        k.run(x, out, 3, n)
+        torch.testing.assert_close(out, x.sum(1), rtol=1e-5, atol=1e-4)
+        assert all(c["RBLOCK"] == next_pow2(n) for c in configs_for(3, n))
+    assert sorted(c["RBLOCK"] for c in k.best.values()) == [8, 64, 1024, 8192]
+    assert not list(tmp_cache.glob("autotune/*.json"))     # one candidate per class: nothing timed or stored
+
+
+def test_row_sized_candidates_to_time():
+    from ember.codegen.triton.heuristics import RowSizedConfigs, persistent_config
+    big = RowSizedConfigs(contiguous=True, scan=False, tune=True)(4096, 3000)
+    assert big[0] == persistent_config(4096, 4096, True, False) and len(big) > 1
+    assert all(c["RBLOCK"] == 4096 and c["XBLOCK"] * c["RBLOCK"] <= 32768 for c in big)
+    assert RowSizedConfigs(contiguous=True, scan=False, tune=False)(4096, 3000) == big[:1]
+    scan = RowSizedConfigs(contiguous=True, scan=True, tune=True)(4096, 1000)
+    assert all(c["RBLOCK"] == 1024 and c["XBLOCK"] * 1024 <= 8192 for c in scan)

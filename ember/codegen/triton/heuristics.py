@@ -2,6 +2,8 @@
 candidates around it that the autotuner times on the GPU (`candidate_configs`)."""
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 
 from ...ir.symbolic import hint
@@ -45,20 +47,23 @@ def launch_config(kernel) -> dict:
     if kernel.tiled:
         return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
     if kernel.persistent:
-        # whole rows in registers: several short rows per program, one long row per program
-        rblock = next_pow2(R)
-        xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
-        if not _reads_rows_contiguously(kernel):
-            xblock = max(xblock, min(32, next_pow2(X)))
-        if kernel.has_scan:
-            xblock = min(xblock, max(1, SCAN_BLOCK_MAX // rblock))
-        n = xblock * rblock
-        warps = 2 if n <= 512 else 4 if n <= 2048 else 8 if n <= 8192 else 16
-        return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
+        return persistent_config(X, next_pow2(R), _reads_rows_contiguously(kernel), kernel.has_scan)
     if _reads_rows_contiguously(kernel):
         rblock = min(2048, next_pow2(R))
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8 if rblock >= 1024 else 4}
     return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(32, next_pow2(R)), "num_warps": 8}
+
+
+def persistent_config(X: int, rblock: int, contiguous: bool, scan: bool) -> dict:
+    """Whole rows in registers (RBLOCK >= the row): several short rows per program, one long row per program."""
+    xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
+    if not contiguous:
+        xblock = max(xblock, min(32, next_pow2(X)))
+    if scan:
+        xblock = min(xblock, max(1, SCAN_BLOCK_MAX // rblock))
+    n = xblock * rblock
+    warps = 2 if n <= 512 else 4 if n <= 2048 else 8 if n <= 8192 else 16
+    return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
 
 
 def _reads_rows_contiguously(kernel) -> bool:
@@ -91,15 +96,7 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
                  for xb, rb, w in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4))]
     elif kernel.persistent:
-        rblock = best["RBLOCK"]
-        cands = []
-        for xb in (1, 2, 4, 8, 16, 32):
-            n = xb * rblock
-            if n > (SCAN_BLOCK_MAX if kernel.has_scan else 32768) or xb > next_pow2(X):
-                continue
-            for w in (max(1, n // 1024), max(1, n // 512), max(1, n // 256)):
-                if w <= 16:
-                    cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
+        cands = _persistent_candidates(X, best["RBLOCK"], kernel.has_scan)
     elif _reads_rows_contiguously(kernel):
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
                  for xb, rb, w in ((1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (1, 4096, 16), (2, 1024, 8),
@@ -108,8 +105,45 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
     else:
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
                  for xb, rb, w in ((64, 32, 8), (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8))]
+    return _first_eight(best, cands)
+
+
+def _persistent_candidates(X: int, rblock: int, scan: bool) -> list[dict]:
+    cands = []
+    for xb in (1, 2, 4, 8, 16, 32):
+        n = xb * rblock
+        if n > (SCAN_BLOCK_MAX if scan else 32768) or xb > next_pow2(X):
+            continue
+        for w in (max(1, n // 1024), max(1, n // 512), max(1, n // 256)):
+            if w <= 16:
+                cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
+    return cands
+
+
+def _first_eight(best: dict, cands: list) -> list[dict]:
     out = [best]
     for c in cands:
         if c not in out:
             out.append(c)
     return out[:8]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSizedConfigs:
+    """Launch configs of a persistent kernel whose row length is a symbol, for the sizes of a launch: RBLOCK
+    is the row's next power of two, so the whole row fits, and XBLOCK / warps follow as for a static row.
+    The launcher asks once per power-of-two size class (Triton compiles one binary per RBLOCK)."""
+    contiguous: bool       # the kernel's loads walk rows with stride 1
+    scan: bool
+    tune: bool             # candidates to time, or the heuristic's choice alone
+
+    def __call__(self, xnumel: int, rnumel: int) -> list[dict]:
+        X, R = max(1, int(xnumel)), max(1, int(rnumel))
+        best = persistent_config(X, next_pow2(R), self.contiguous, self.scan)
+        if not self.tune or X * R < TUNE_MIN_ELEMENTS:
+            return [best]
+        return _first_eight(best, _persistent_candidates(X, best["RBLOCK"], self.scan))
+
+
+def row_sized_configs(kernel, tune: bool) -> RowSizedConfigs:
+    return RowSizedConfigs(_reads_rows_contiguously(kernel), kernel.has_scan, tune)

@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from ... import config
-from ...ir.symbolic import is_static, simplify_index, size_symbols
+from ...ir.symbolic import guard_le, is_static, simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, print_index, widest_kind
 from . import heuristics
@@ -45,7 +45,10 @@ class TritonKernel(MathOps, SectionedKernel):
         self.has_rdim = R != 1
         self.has_scan = any(n.is_scan() for n in self.nodes)
         limit = heuristics.PERSISTENT_SCAN_MAX if self.has_scan else config.persistent_reduction_max
-        self.persistent = self.tiled or (self.has_rdim and is_static(R) and int(R) <= limit)
+        # a symbolic row is held whole when its example size is short, under a guard that it stays so
+        self.persistent = self.tiled or (self.has_rdim and guard_le(R, limit))
+        # ... and then RBLOCK is chosen at launch, from the row's length
+        self.rblock_at_launch = self.persistent and not self.tiled and not is_static(R)
         self.sections: list[Section] = []
         self.global_cache: dict = {}
         self.scope: dict[str, Optional[int]] = {}     # value name -> section id it is confined to

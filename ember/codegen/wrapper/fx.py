@@ -9,7 +9,7 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     Reuse            the new name aliases the old buffer's node
     DefineKernel     get_attr of the loaded kernel (source in node.meta["ember_kernel_source"])
     CallKernel       launch_kernel(kernel, grid, *args, **meta), sizes computed in the graph (grid None:
-                     an autotuned kernel, launched as kernel.run(*args))
+                     a kernel whose config follows the sizes, launched as kernel.run(*args))
     CallExtern       call_function of the op
     MultiOutputLine  operator.getitem
     View             torch.as_strided
@@ -43,7 +43,7 @@ from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free
 @has_side_effect
 def launch_kernel(kernel, grid, *args, **meta) -> None:
     if grid is None:
-        kernel.run(*args)        # autotuned: the grid follows the config it picks
+        kernel.run(*args)        # the config (and grid) follows the sizes: autotuned, or RBLOCK per row length
     else:
         kernel[tuple(grid)](*args, **meta)
 

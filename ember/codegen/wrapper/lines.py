@@ -52,7 +52,9 @@ class DefineKernel:
     name: str
     source: str
     backend: str         # "triton" | "triton-interpret" | "cpp"
-    tuning: Optional[KernelTuning] = None   # candidate launch configs, timed at first call (autotuning)
+    # candidate launch configs, timed at first call (autotuning), or made per size class (a persistent
+    # reduction over a symbolic row: RBLOCK follows the row's length)
+    tuning: Optional[KernelTuning] = None
     warm: Optional[WarmSpec] = None         # how it will be launched, to compile it ahead (GPU only)
 
 
@@ -60,8 +62,8 @@ class DefineKernel:
 class CallKernel:
     name: str
     args: list           # Names and sympy expressions
-    grid: Optional[list]  # sympy expressions; None for an autotuned kernel, whose grid follows its config
-    meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps (empty when autotuned)
+    grid: Optional[list]  # sympy expressions; None for a kernel with `tuning`, whose grid follows its config
+    meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps (empty with `tuning`)
 
 
 @dataclasses.dataclass
