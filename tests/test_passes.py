@@ -231,3 +231,29 @@ def test_extending_doc_snippets_run():
             exec(compile(block, f"docs/extending.md[block {i}]", "exec"), namespace)
         except Exception as e:
             raise AssertionError(f"docs/extending.md python block {i} failed: {type(e).__name__}: {e}") from e
+
+
+@pytest.mark.parametrize("dim", [1, 0])
+def test_scatter_into_constant_becomes_a_pointwise(device, dim):
+    """Cross-entropy's backward scatters one value per row into zeros: ember rewrites it into a compare
+    with arange, fused into the gradient kernel, so no [rows, classes] buffer is filled and scattered."""
+    from ember.graph.passes.post_grad import scatter_into_constant
+    x = torch.randn(16, 300, device=device)
+    t = torch.randint(0, x.shape[dim], (16, 1) if dim == 1 else (1, 300), device=device)
+
+    def f(x, t):
+        return torch.zeros_like(x).scatter(dim, t, -2.5) * x + x.exp()
+    gm = make_fx(f)(x, t)
+    scatter_into_constant(gm)
+    assert not any(n.target is aten.scatter.value for n in gm.graph.nodes)
+    check(f, x, t)
+    assert ember.metrics.buffers_allocated == 1 and ember.metrics.generated_kernel_count == 1
+
+
+def test_cross_entropy_backward_keeps_no_scattered_buffer(device):
+    import torch.nn.functional as F
+    x = torch.randn(32, 500, device=device)
+    t = torch.randint(0, 500, (32,), device=device)
+    check(lambda x, t: F.cross_entropy(x, t), x, t, grad=True)
+    # forward: the loss, its row statistics and saved values; backward: the gradient alone
+    assert ember.metrics.buffers_allocated <= 6, ember.metrics.buffers_allocated

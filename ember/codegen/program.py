@@ -2,7 +2,6 @@
 frees after last use, extern calls, views and the returned values."""
 from __future__ import annotations
 
-import re
 
 import sympy
 import torch
@@ -13,6 +12,7 @@ from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, In
 from ..ir.symbolic import sympify
 from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from .backends import backend_for
+from .kernel import canonical_form
 from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, Reuse, SymbolDef, View,
                             WrapperProgram)
 
@@ -128,13 +128,19 @@ class ProgramBuilder:
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)
-        # a kernel whose source matches an earlier one's but for its name (the same layer, repeated) is
-        # that kernel: launched again instead of compiled, tuned and loaded once more
-        same = (gen.define.backend, re.sub(rf"\b{name}\b", "KERNEL", gen.define.source))
+        # a kernel whose source matches an earlier one's but for its name and the numbering of its
+        # pointers (the same layer, repeated) is that kernel: launched again, with its arguments in that
+        # kernel's order, instead of compiled, tuned and loaded once more
+        text, order = canonical_form(gen.define.source, name)
+        same = (gen.define.backend, text)
         if same in self.defined:
-            gen.call.name = self.defined[same]
+            first, first_order = self.defined[same]
+            args = list(gen.call.args)
+            for mine, theirs in zip(order, first_order):
+                args[theirs] = gen.call.args[mine]
+            gen.call.name, gen.call.args = first, args
         else:
-            self.defined[same] = name
+            self.defined[same] = (name, order)
             self.lines.append(gen.define)
         self.lines.append(gen.call)
 

@@ -17,7 +17,7 @@ from .. import config, state
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
-from ..ir.symbolic import sympify
+from ..ir.symbolic import hint, product, sympify
 from .registry import Unsupported, get_lowering, load_all
 
 aten = torch.ops.aten
@@ -121,11 +121,25 @@ class GraphLowering(torch.fx.Interpreter):
         h = record_loops(box.data.inner_fn, box.data.ranges)
         users = len(n.users)
         # a value read by several consumers is recomputed by each one it is inlined into: worth it
-        # while its body is cheap; one that reads many buffers (a residual stream) is stored once
-        reads = len({d.name for d in h.reads})
+        # while its body is cheap; one that reads many buffers (a residual stream) is stored once.
+        # Small tensors (per-row statistics, scalars) count as one read together: repeating them costs
+        # next to nothing, and storing the value would cost a full write and read.
+        large = list(self._is_large({d.name for d in h.reads}, box))
+        reads = sum(large) + (not all(large))
         if h.op_count > config.realize_max_ops or (
                 users > 1 and (h.op_count > config.inline_max_ops or reads > config.inline_max_reads)):
             self._store_like_eager(box, n.meta.get("val"))
+
+    def _is_large(self, names, box: TensorBox):
+        """For each buffer name: is it at least a quarter the size of the value computed from it?"""
+        numel = hint(product(box.get_size()))
+        for name in names:
+            try:
+                size = self.get_buffer(name).get_size()
+            except (KeyError, AttributeError):
+                yield True
+                continue
+            yield 4 * hint(product(size)) >= numel
 
     def _store_like_eager(self, box: TensorBox, meta) -> None:
         """Store a computed value with eager's strides where those are dense (channels_last stays

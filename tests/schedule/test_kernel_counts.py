@@ -21,7 +21,7 @@ CASES = {
     "softmax": (lambda x: torch.softmax(x, -1), [(N, D)], 2, 2),
     # layer norm: forward one kernel (out, mean, rstd); backward one row kernel (grad x) and one column
     # kernel (grad weight and grad bias together)
-    "layer_norm": (lambda x, w, b: F.layer_norm(x, (D,), w, b), [(N, D), (D,), (D,)], 3, 7),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (D,), w, b), [(N, D), (D,), (D,)], 3, 6),
     "rmsnorm_residual": (rmsnorm_residual, [(N, D), (N, D), (D,)], 3, 5),
     # GELU + bias + residual: forward one kernel; backward grad x (pointwise) and grad bias (column sum)
     "gelu_bias_residual": (lambda x, b, r: F.gelu(x + b) + r, [(N, D), (D,), (N, D)], 3, 3),
@@ -62,3 +62,36 @@ def test_repeated_layers_share_their_kernels(device):
     assert ember.metrics.generated_kernel_count == 4                     # one per layer, launched
     assert set(re.findall(r"\bkernel\d+\b", compiled.source)) == {"kernel0"}, compiled.source  # one defined
     torch.testing.assert_close(compiled(list(args))[0], layers(*args))
+
+
+def test_repeated_layers_share_kernels_whose_pointers_are_numbered_differently(device):
+    """Layer norm + residual layers: each layer's kernel numbers its pointers in another order (the
+    residual is a graph input in one, a buffer in the next), yet the middle layers share one kernel,
+    called with its arguments in that kernel's order."""
+    import re
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layers(x, w0, w1, w2, w3, b0, b1, b2, b3):
+        for w, b in zip((w0, w1, w2, w3), (b0, b1, b2, b3)):
+            x = x + F.gelu(F.layer_norm(x, (D,)) @ w + b)
+        return x
+    args = [torch.randn(N, D, device=device)] + [torch.randn(D, D, device=device) / 10 for _ in range(4)] + \
+        [torch.randn(D, device=device) for _ in range(4)]
+    gm = make_fx(layers)(*args)
+    compiled = ember.compile_graph(gm, args)
+    # first norm, three (residual + next norm) kernels, the last residual
+    assert ember.metrics.generated_kernel_count == 5
+    assert len(set(re.findall(r"\bkernel\d+\b", compiled.source))) == 3, compiled.source
+    torch.testing.assert_close(compiled(list(args))[0], layers(*args))
+
+
+def test_canonical_form_orders_pointers_by_first_use():
+    from ember.codegen.kernel import canonical_form
+    a = ("def kernel1(in_ptr0, in_ptr1, in_out_ptr0, xnumel, XBLOCK):\n"
+         "    t0 = load(in_ptr1 + x)\n    t1 = load(in_ptr0 + x)\n    store(in_out_ptr0 + x, t0 - t1)\n")
+    b = ("def kernel7(in_ptr0, in_ptr2, in_out_ptr0, xnumel, XBLOCK):\n"
+         "    t0 = load(in_ptr0 + x)\n    t1 = load(in_ptr2 + x)\n    store(in_out_ptr0 + x, t0 - t1)\n")
+    (ta, oa), (tb, ob) = canonical_form(a, "kernel1"), canonical_form(b, "kernel7")
+    assert ta == tb and oa == [1, 0, 2] and ob == [0, 1, 2]
+    # a different computation stays different
+    assert canonical_form(a.replace("t0 - t1", "t1 - t0"), "kernel1")[0] != ta
