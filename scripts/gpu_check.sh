@@ -2,6 +2,7 @@
 # Everything the lead checks on a GPU machine, in one command (through the device tool):
 #     bash scripts/gpu_check.sh
 #     GPU_CHECK_STEPS="overhead models_small anchor" bash scripts/gpu_check.sh     # only these steps
+# Steps: tests demo overhead models_small kernels anchor dynamic grad_variants memory compile_time
 # Logs and JSON results go to $OUT (./gpu_check_out when unset). Each step has its own time limit and the
 # whole run stays under ~9 minutes, so it fits one 10-minute device command; a failing or timed-out step
 # is recorded in $OUT/summary.txt and the next step still runs.
@@ -72,6 +73,8 @@ fi
 
 step dynamic 240 python benchmarks/dynamic.py --models gpt2,bert --seqs 128,384,512,1000 --out "$OUT/dyn.json" || true
 step grad_variants 200 python scripts/grad_variants.py bert,gpt2 cuda || true
+step memory 150 python benchmarks/memory.py --models gpt2 --modes infer,train || true
+step compile_time 200 python scripts/compile_time.py --models gpt2 --modes train --workers 0,16 || true
 
 echo
 echo "=== summary ($SECONDS s in all; logs in $OUT)"
