@@ -90,6 +90,23 @@ def timer(dev: str, iters: int):
     return cuda if dev == "cuda" else cpu
 
 
+def device_ms(fn, calls: int = 20):
+    """Milliseconds of GPU work one call launches, from the profiler's device-side kernel durations: the
+    call's time with its host work (guards, wrappers, launches) left out. None off a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+             for e in prof.key_averages())
+    return us / 1e3 / calls
+
+
 def copy_roofline(dev: str, small: bool, time_ms) -> float:
     """GB/s of a large device copy (read + write): the practical ceiling for a memory-bound kernel."""
     n = (2 ** 26 if small else 2 ** 29) // 4 * (1 if dev == "cpu" else 4)   # 64 MiB on CPU, 2 GiB on GPU
@@ -148,6 +165,8 @@ def run_case(name, fn, make_args, specs, time_ms, dev) -> dict:
             first = time.perf_counter() - t0
             ms = time_ms(lambda: f(*args))
             r = {"ms": ms, "GBps": row["bytes"] / ms / 1e6, "first_call_s": first}
+            if dev == "cuda":
+                r["device_ms"] = device_ms(lambda: f(*args))
             bad = mismatch(out, ref)
             if bad:
                 r["wrong"] = bad
@@ -186,6 +205,12 @@ def table(res: dict, specs: list[str]) -> str:
             e, i = row["ember"], row["inductor"]
             line += f"{e['ms'] / i['ms']:16.2f}" if "ms" in e and "ms" in i else f"{'-':>16}"
         lines.append(line)
+    if any("device_ms" in row[s] for row in res["cases"] for s in specs):
+        lines += ["", "GPU kernel time only (profiler, host work left out): ms per call, % of copy"]
+        for row in res["cases"]:
+            cells = [f"{r['device_ms']:9.3f} {100 * row['bytes'] / r['device_ms'] / 1e6 / roof:5.0f}%".rjust(28)
+                     if r.get("device_ms") else f"{'-':>28}" for r in (row[s] for s in specs)]
+            lines.append(f"{row['case']:24}{row['bytes'] / 1e6:9.1f}" + "".join(cells))
     notes = []
     for row in res["cases"]:
         for s in specs:
