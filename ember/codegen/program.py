@@ -132,7 +132,8 @@ class ProgramBuilder:
         # pointers (the same layer, repeated) is that kernel: launched again, with its arguments in that
         # kernel's order, instead of compiled, tuned and loaded once more
         text, order = canonical_form(gen.define.source, name)
-        same = (gen.define.backend, text)
+        # tuned kernels launch as `kernel.run(...)`, the others with a grid: the two do not share
+        same = (gen.define.backend, text, gen.define.tuning is None)
         if same in self.defined:
             first, first_order = self.defined[same]
             args = list(gen.call.args)
