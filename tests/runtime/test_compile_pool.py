@@ -97,3 +97,34 @@ def test_first_launch_loads_what_the_workers_compiled(tmp_path, monkeypatch):
     torch.testing.assert_close(out, x.float() * 3.0)
     # any new entry is a kernel compiled again (under another key) or a launcher the worker did not build
     assert set(os.listdir(tmp_path / "triton")) == entries, "the first launch compiled something itself"
+
+
+def test_no_pool_when_workers_are_off(monkeypatch):
+    import ember
+    with ember.config.patch(compile_workers=0):
+        assert compile_pool.start() is None
+    with ember.config.patch(compile_workers=1):
+        assert compile_pool.start() is None
+
+
+def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
+    """A pool that compiles nothing must say so (kernels then compile one by one at first launch)."""
+    import logging
+    import types
+
+    class Broken:
+        broken = False
+
+        def run(self, jobs):
+            return ["RuntimeError: no GPU here"] * len(jobs)
+    monkeypatch.setattr(compile_pool, "start", lambda: Broken())
+    monkeypatch.setattr(compile_pool, "_target", lambda: ("cuda", 90, 32))
+    monkeypatch.setattr(compile_pool, "_warned", [])
+    mod = types.SimpleNamespace(__file__="k.py")
+    kernels = [types.SimpleNamespace(name=f"k{i}", warm=compile_pool.WarmSpec([torch.float32, 8], [{"XBLOCK": 8}]))
+               for i in range(2)]
+    with caplog.at_level(logging.WARNING, logger="ember"):
+        compile_pool.precompile(mod, mod, kernels)
+        compile_pool.precompile(mod, mod, kernels)
+    warnings = [r for r in caplog.records if "compile workers failed" in r.getMessage()]
+    assert len(warnings) == 1 and "no GPU here" in warnings[0].getMessage()
