@@ -5,8 +5,10 @@
 - `graph`: the GraphLowering being built (lowerings register buffers with it).
 - `kernel`: the kernel whose code is being generated (the codegen handler writes into it).
 
-Nothing else in ember keeps module-level mutable state except `ember.config` (settings) and
-`ember.metrics` (counters a user reads).
+Nothing else in ember keeps module-level mutable state except `ember.config` (settings),
+`ember.metrics` (counters a user reads) and three process-wide resources that no compile's context
+changes: the loaded Triton helper module (`runtime/loader.py`), the C++ toolchain found on the machine
+(`codegen/cpp/build.py`) and the pool of compile workers (`runtime/compile_pool.py`).
 """
 from __future__ import annotations
 

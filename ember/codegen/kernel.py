@@ -37,14 +37,15 @@ def widest_kind(*values) -> str:
 
 class IndexPrinter(StrPrinter):
     """Prints index arithmetic with integer semantics; all operands are non-negative."""
+    floordiv = "//"       # the language's floor division of non-negative integers
 
     def _print_FloorDiv(self, expr):
         a, b = expr.args
-        return f"({self._paren(a)} // {self._paren(b)})"
+        return f"({self._paren(a)} {self.floordiv} {self._paren(b)})"
 
     def _print_ModularIndexing(self, expr):
         a, d, m = expr.args
-        inner = self._paren(a) if d == 1 else f"({self._paren(a)} // {self._paren(d)})"
+        inner = self._paren(a) if d == 1 else f"({self._paren(a)} {self.floordiv} {self._paren(d)})"
         return f"({inner} % {self._paren(m)})"
 
     def _print_Min(self, expr):
@@ -234,7 +235,9 @@ def canonical_form(source: str, name: str) -> tuple[str, list[int]]:
     names = [(re.findall(r"\w+", d) or [""])[-1] for d in decls]      # a declaration's last word
     body = source[:head.start()] + "\0" + source[end:]
     ptrs = [i for i, n in enumerate(names) if _POINTER.fullmatch(n)]
-    first = {m.group(0): m.start() for m in reversed(list(_POINTER.finditer(body)))}
+    first: dict = {}                     # pointer name -> where the body first uses it
+    for m in _POINTER.finditer(body):
+        first.setdefault(m.group(0), m.start())
     order = sorted(ptrs, key=lambda i: (first.get(names[i], len(body)), i))
     rename = {names[i]: f"P{j}" for j, i in enumerate(order)}
 

@@ -320,6 +320,22 @@ def _avg_axes(x, kernel_size, stride, padding, ceil_mode, divisor_override, outs
     return sliding_axes(x, kernel_size, stride, padding, 1, ceil_mode, outs)
 
 
+def _window_value(loader, axes, batch, oh, ow, jh, jw, acc):
+    """x at tap (jh, jw) of the window of output (oh, ow); 0 where the tap falls outside x."""
+    ah, aw = axes
+    v = loader([*batch, ah.index(oh, jh), aw.index(ow, jw)])
+    return masked(v, both(ah.valid(oh, jh), aw.valid(ow, jw)), acc)
+
+
+def _window_sum(loader, axes, batch, oh, ow, acc):
+    """The sum of x over the window of output (oh, ow), taps in row-major order."""
+    total = None
+    for jh in range(axes[0].taps):
+        for jw in range(axes[1].taps):
+            total = accumulate(total, _window_value(loader, axes, batch, oh, ow, jh, jw, acc))
+    return total
+
+
 @lower(aten.avg_pool2d.default)
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
@@ -330,11 +346,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 
     def inner_fn(idx):
         *batch, oh, ow = idx
-        total = None
-        for jh in range(ah.taps):
-            for jw in range(aw.taps):
-                v = loader([*batch, ah.index(oh, jh), aw.index(ow, jw)])
-                total = accumulate(total, masked(v, both(ah.valid(oh, jh), aw.valid(ow, jw)), acc))
+        total = _window_sum(loader, (ah, aw), batch, oh, ow, acc)
         div = _avg_divisor((ah, aw), (oh, ow), count_include_pad, ceil_mode, divisor_override, acc)
         return cast(ops.truediv(total, div), acc, dtype)
     return TensorBox.pointwise(x.device, dtype, inner_fn, _out_size(x, (ah, aw)))
@@ -391,14 +403,10 @@ def adaptive_avg_pool2d(x, output_size):
         x = realize_if_costly(x, ah.taps * aw.taps)
     loader = x.make_loader()
 
-    def term(batch, oh, ow, jh, jw):
-        v = loader([*batch, ah.index(oh, jh), aw.index(ow, jw)])
-        return masked(v, both(ah.valid(oh, jh), aw.valid(ow, jw)), acc)
-
     if big:
         # a big window is a reduction over it (pooling down to a few outputs)
         def body(idx, ridx):
-            return term(idx[:-2], idx[-2], idx[-1], ridx[0], ridx[1])
+            return _window_value(loader, axes, idx[:-2], idx[-2], idx[-1], ridx[0], ridx[1], acc)
         sums = TensorBox(Reduction(x.device, acc, body, size, [sympy.Integer(ah.taps), sympy.Integer(aw.taps)],
                                    "sum", acc))
         sums.realize()
@@ -408,11 +416,7 @@ def adaptive_avg_pool2d(x, output_size):
 
     def inner_fn(idx):
         *batch, oh, ow = idx
-        total = None
-        for jh in range(ah.taps):
-            for jw in range(aw.taps):
-                total = accumulate(total, term(batch, oh, ow, jh, jw))
-        return cast(_adaptive_mean(total, axes, oh, ow, acc), acc, dtype)
+        return cast(_adaptive_mean(_window_sum(loader, axes, batch, oh, ow, acc), axes, oh, ow, acc), acc, dtype)
     return TensorBox.pointwise(x.device, dtype, inner_fn, size)
 
 

@@ -147,26 +147,25 @@ def randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memo
     return _box(x.get_size(), device or x.device, dtype, _normal(dtype))
 
 
-@lower(aten.uniform.default)
-def uniform(x, low=0.0, high=1.0, *, generator=None):
+def _affine_draw(x, sample, scale, shift, generator):
+    """x's size, its float dtype, drawn as sample() * scale + shift."""
     _plain(generator=generator)
     dtype = _float_dtype(x.dtype)
-    u = _uniform(dtype)
+    s = sample(dtype)
 
     def draw(seed, offset):
-        return ops.add(ops.mul(u(seed, offset), ops.constant(high - low, dtype)), ops.constant(low, dtype))
+        return ops.add(ops.mul(s(seed, offset), ops.constant(scale, dtype)), ops.constant(shift, dtype))
     return _box(x.get_size(), x.device, dtype, draw)
+
+
+@lower(aten.uniform.default)
+def uniform(x, low=0.0, high=1.0, *, generator=None):
+    return _affine_draw(x, _uniform, high - low, low, generator)
 
 
 @lower(aten.normal_functional.default)
 def normal_functional(x, mean=0.0, std=1.0, *, generator=None):
-    _plain(generator=generator)
-    dtype = _float_dtype(x.dtype)
-    n = _normal(dtype)
-
-    def draw(seed, offset):
-        return ops.add(ops.mul(n(seed, offset), ops.constant(std, dtype)), ops.constant(mean, dtype))
-    return _box(x.get_size(), x.device, dtype, draw)
+    return _affine_draw(x, _normal, std, mean, generator)
 
 
 # --- bernoulli / dropout --------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class CompilePool:
         self.lock = threading.Condition()
         self.threads = ThreadPoolExecutor(n, thread_name_prefix="ember-compile")
         self.broken = False
+        self.warned = False       # that every job failed: said once
 
     def _ask(self, job: dict):
         with self.lock:
@@ -106,8 +107,7 @@ class CompilePool:
         self.threads.shutdown(wait=False)
 
 
-_pool: list = []          # the process's one pool, once started
-_warned: list = []
+_pool: list = []          # the process's one pool, once started (a process-wide resource, see state.py)
 
 
 def _workers() -> int:
@@ -138,13 +138,12 @@ def precompile(module, helpers, kernels: list) -> None:
         return
     target = _target()
     jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
-             "args": [a if isinstance(a, int) else f"dtype:{str(a).replace('torch.', '')}" for a in warm.args],
-             "configs": [cfg]} for name, warm, cfg in specs]
+             "args": warm.args, "configs": [cfg]} for name, warm, cfg in specs]
     errors = pool.run(jobs)
     for err in errors:
         log.debug("ember: a compile worker could not compile a kernel (its launch will): %s", err)
-    if errors and len(errors) == len(jobs) and not _warned:
-        _warned.append(True)
+    if errors and len(errors) == len(jobs) and not pool.warned:
+        pool.warned = True
         log.warning("ember: the compile workers failed on every kernel, so kernels compile one by one at their "
                     "first launch (slower; set ember.config.compile_workers=0 to skip the pool). First error:\n%s",
                     errors[0])

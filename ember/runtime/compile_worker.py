@@ -95,12 +95,11 @@ class Worker:
         return self.modules[path]
 
     def compile(self, job: dict) -> None:
-        import torch
+        # job["args"]: a torch.dtype per pointer (Triton's warm-up takes a dtype for a tensor), else ints
         self._aim(job["target"])
         fn = getattr(self._module(job["path"], job["helpers"]), job["kernel"])
-        args = [getattr(torch, a[len("dtype:"):]) if isinstance(a, str) else a for a in job["args"]]
         for meta in job["configs"]:
-            kernel = fn.warmup(*args, grid=(1,), **meta)
+            kernel = fn.warmup(*job["args"], grid=(1,), **meta)
             if kernel is not None:
                 build_launcher(kernel)
 

@@ -30,7 +30,7 @@ def pool(tmp_path, monkeypatch):
 
 def _job(mod, kernel, cfg):
     return {"path": mod.__file__, "helpers": loader.triton_helpers().__file__, "kernel": kernel,
-            "target": ("cuda", 90, 32), "args": ["dtype:bfloat16", "dtype:float32", 4096], "configs": [cfg]}
+            "target": ("cuda", 90, 32), "args": [torch.bfloat16, torch.float32, 4096], "configs": [cfg]}
 
 
 def test_workers_fill_tritons_cache_one_binary_per_config(pool, tmp_path):
@@ -113,13 +113,13 @@ def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
     import types
 
     class Broken:
-        broken = False
+        broken = warned = False
 
         def run(self, jobs):
             return ["RuntimeError: no GPU here"] * len(jobs)
-    monkeypatch.setattr(compile_pool, "start", lambda: Broken())
+    broken = Broken()
+    monkeypatch.setattr(compile_pool, "start", lambda: broken)
     monkeypatch.setattr(compile_pool, "_target", lambda: ("cuda", 90, 32))
-    monkeypatch.setattr(compile_pool, "_warned", [])
     mod = types.SimpleNamespace(__file__="k.py")
     kernels = [types.SimpleNamespace(name=f"k{i}", warm=compile_pool.WarmSpec([torch.float32, 8], [{"XBLOCK": 8}]))
                for i in range(2)]

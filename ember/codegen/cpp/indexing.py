@@ -25,6 +25,7 @@ class CppIndexPrinter(IndexPrinter):
     which print themselves as Python (`//`) through `_sympystr`: dispatch on class names instead."""
 
     printmethod = "_ember_cpp_print"
+    floordiv = "/"
 
     def _print_Mod(self, expr):
         a, b = expr.args
@@ -38,15 +39,6 @@ class CppIndexPrinter(IndexPrinter):
 
     def _print_Identity(self, expr):
         return self._print(expr.args[0])
-
-    def _print_FloorDiv(self, expr):
-        a, b = expr.args
-        return f"({self._paren(a)} / {self._paren(b)})"
-
-    def _print_ModularIndexing(self, expr):
-        a, d, m = expr.args
-        inner = self._paren(a) if d == 1 else f"({self._paren(a)} / {self._paren(d)})"
-        return f"({inner} % {self._paren(m)})"
 
     def _minmax(self, fn, args):
         out = self._print(args[0])
