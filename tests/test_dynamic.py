@@ -112,6 +112,24 @@ def test_tiny_transformer_seq_lengths():
     assert_compiles(counter, 1)
 
 
+@torch.no_grad()
+def test_symbolic_sizes_fuse_like_static_ones():
+    """A dynamic compile makes the kernels a static one makes. Three things used to split them: a view
+    merging (s, 32) into one dim (`(32*x + r) // (32*s)` had to simplify to `x // s` for the layer norm
+    to fuse with its consumer), a view of a non-contiguous buffer (the heads of a qkv split: a copy when
+    sizes were symbolic), and pos[:s] of a fixed-size parameter (Min(16, s) must settle to s under the
+    guard s <= 16, or its add cannot fuse with tensors of size s)."""
+    model = TinyTransformer().eval()
+    tokens, targets = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
+    counts = {}
+    for dynamic in (False, True):
+        compiled, counter = compile_counted(copy.deepcopy(model), dynamic=dynamic)
+        run_and_compare(model, compiled, tokens, targets, rtol=1e-4, atol=1e-4, what=f"dynamic={dynamic}")
+        assert_compiles(counter, 1)
+        counts[dynamic] = (ember.metrics.generated_kernel_count, ember.metrics.buffers_allocated)
+    assert counts[True] == counts[False], f"dynamic (kernels, buffers) {counts[True]} vs static {counts[False]}"
+
+
 def test_embedding_cross_entropy_batch_and_seq():
     shapes = [(8, 6), (5, 9), (13, 3), (2, 2)]
     batches = [(torch.randint(0, 40, (b, s)), torch.randint(0, 7, (b,))) for b, s in shapes]

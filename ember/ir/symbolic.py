@@ -113,8 +113,30 @@ def sympify(x) -> Expr:
     if isinstance(x, int):
         return sympy.Integer(x)
     if isinstance(x, torch.SymInt):
-        return x.node.expr
+        expr = x.node.expr
+        return settle_min_max(expr, x.node.shape_env)
     raise TypeError(f"cannot use {type(x).__name__} {x!r} as a size")
+
+
+def settle_min_max(expr: Expr, env=None) -> Expr:
+    """Min(512, s0) is s0 when the guards already say s0 <= 512 (a slice of a fixed-size buffer by a
+    sequence length, as models slice their position ids): the size then compares equal to the other
+    tensors' s0, so the kernels that use both can fuse."""
+    env = env if env is not None else _shape_env()
+    if env is None or not expr.has(sympy.Min, sympy.Max):
+        return expr
+
+    def settle(e):
+        for a in e.args:
+            rest = [b for b in e.args if b is not a]
+            rel = sympy.Le if isinstance(e, sympy.Min) else sympy.Ge
+            try:
+                if all(env._maybe_evaluate_static(rel(a, b)) == sympy.true for b in rest):
+                    return a
+            except Exception:          # noqa: BLE001  (the ShapeEnv cannot decide: keep the Min/Max)
+                return e
+        return e
+    return expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), settle)
 
 
 def sympy_list(xs: Iterable) -> list[Expr]:
@@ -318,70 +340,92 @@ def size_symbols(expr) -> set:
 
 # -- simplification with the index variables' bounds ---------------------------------------------------
 
-def _upper(term, maxes: dict) -> Optional[int]:
-    """An inclusive upper bound of a non-negative index term, or None if unknown."""
+def _upper(term, maxes: dict) -> Optional[Expr]:
+    """An inclusive upper bound of a non-negative index term (an integer, or an expression in the sizes),
+    or None if unknown. Sizes are their own bound: they are constants while a kernel runs."""
     if term.is_Integer:
-        return int(term) if term >= 0 else None
+        return term if term >= 0 else None
     if term in maxes:
         return maxes[term]
-    if isinstance(term, ModularIndexing) and term.args[2].is_Integer:
-        return int(term.args[2]) - 1
-    if isinstance(term, FloorDiv) and term.args[1].is_Integer:
-        b = _upper(term.args[0], maxes)
-        return None if b is None else b // int(term.args[1])
-    if term.is_Mul:
-        c, rest = term.as_coeff_Mul()
-        b = _upper(rest, maxes) if c.is_Integer and c > 0 else None
-        return None if b is None else int(c) * b
-    if term.is_Add:
-        bs = [_upper(t, maxes) for t in term.args]
-        return None if None in bs else sum(bs)
+    if isinstance(term, sympy.Symbol):
+        return term if _is_size_symbol(term) and term.is_nonnegative else None
+    if isinstance(term, ModularIndexing):
+        return term.args[2] - 1
+    if isinstance(term, FloorDiv):
+        b, d = _upper(term.args[0], maxes), term.args[1]
+        if b is None:
+            return None
+        if b.is_Integer and d.is_Integer:
+            return sympy.Integer(int(b) // int(d))
+        return _simplify((b + 1) / d) - 1 if _is_multiple(b + 1, d) else None
+    if term.is_Mul or term.is_Add:
+        bs = [_upper(f, maxes) for f in term.args]
+        if None in bs:
+            return None
+        return sympy.Mul(*bs) if term.is_Mul else sympy.Add(*bs)
     return None
 
 
-def _split_base(base, d: int, maxes: dict):
+def _known_lt(a: Expr, b: Expr) -> bool:
+    """a < b for every value of the sizes (size symbols are positive)."""
+    d = _simplify(b - a)
+    return bool(d > 0) if d.is_Integer else bool(d.is_positive)
+
+
+def _coef_and_rest(term: Expr):
+    """term = coef * rest, coef the sizes and integers in it, rest the index part (1 for none)."""
+    coef, rest = [], []
+    for f in sympy.Mul.make_args(term):
+        (coef if f.is_Integer or (isinstance(f, sympy.Symbol) and _is_size_symbol(f))
+         or (f.is_Pow and isinstance(f.base, sympy.Symbol) and _is_size_symbol(f.base)) else rest).append(f)
+    return sympy.Mul(*coef), sympy.Mul(*rest)
+
+
+def _rank(e: Expr) -> int:
+    """Order candidate divisors by size (sizes taken as large): only which is tried first depends on it."""
+    return int(e.subs({x: 1024 for x in e.free_symbols}))
+
+
+def _split_base(base, d: Expr, maxes: dict):
     """base = a*q + w with a | d and 0 <= w < a (so base // d == q // (d/a)): (q, a), or None.
-    The largest such a wins; it drops the most from the floor."""
-    terms = [t.as_coeff_Mul() for t in sympy.Add.make_args(base)]
-    if any(not c.is_Integer or c < 0 for c, _ in terms):
+    The largest such a wins; it drops the most from the floor. a and d may be expressions in the sizes:
+    `(i1*s + i2) // s` is `i1` when i2 < s."""
+    terms = [_coef_and_rest(t) for t in sympy.Add.make_args(base)]
+    if any(not (c.is_positive or (c.is_Integer and c > 0)) for c, _ in terms):
         return None
-    for a in sorted({int(c) for c, _ in terms if int(c) > 1 and d % int(c) == 0} | {d}, reverse=True):
-        big = [(c, r) for c, r in terms if int(c) % a == 0]
-        small = [c * r for c, r in terms if int(c) % a != 0]
+    cands = {c for c, _ in terms if c != 1 and _is_multiple(d, c)} | {d}
+    for a in sorted(cands, key=_rank, reverse=True):
+        big = [(c, r) for c, r in terms if _is_multiple(c, a)]
+        small = [c * r for c, r in terms if not _is_multiple(c, a)]
         if not big:
             continue
-        bound = _upper(sympy.Add(*small), maxes) if small else 0
-        if bound is not None and bound < a:
-            return sympy.Add(*[(int(c) // a) * r for c, r in big]), a
+        bound = _upper(sympy.Add(*small), maxes) if small else sympy.Integer(0)
+        if bound is not None and _known_lt(bound, a):
+            return sympy.Add(*[_simplify(c / a) * r for c, r in big]), a
     return None
 
 
 def _bounded(e, maxes: dict):
     base, d = e.args[0], e.args[1]
-    if not d.is_Integer:
-        return e
-    d = int(d)
     top = _upper(base, maxes)
-    if isinstance(e, FloorDiv):
-        if top is not None and top < d:
-            return sympy.Integer(0)
-        sp = _split_base(base, d, maxes)
-        return e if sp is None else FloorDiv(sp[0], sympy.Integer(d // sp[1]))
-    m = e.args[2]
-    if top is not None and top < d:
+    if top is not None and _known_lt(top, d):
         return sympy.Integer(0)
-    if d == 1 and top is not None and m.is_Integer and top < int(m):
+    if isinstance(e, FloorDiv):
+        sp = _split_base(base, d, maxes)
+        return e if sp is None else FloorDiv(sp[0], _simplify(d / sp[1]))
+    m = e.args[2]
+    if d == 1 and top is not None and _known_lt(top, m):
         return base
     if d == 1 and m.is_Integer:
         # (a*q + w) % m == a*(q % (m/a)) + w when a | m and 0 <= w < a (a tile of a flattened dim)
         for a in sorted({int(c) for c, _ in (t.as_coeff_Mul() for t in sympy.Add.make_args(base))
                          if c.is_Integer and int(c) > 1 and int(m) % int(c) == 0}, reverse=True):
-            sp = _split_base(base, a, maxes)
+            sp = _split_base(base, sympy.Integer(a), maxes)
             if sp is not None and sp[1] == a:
                 w = sympy.expand(base - a * sp[0])
                 return a * ModularIndexing(sp[0], sympy.Integer(1), sympy.Integer(int(m) // a)) + w
     sp = _split_base(base, d, maxes)
-    return e if sp is None else ModularIndexing(sp[0], sympy.Integer(d // sp[1]), m)
+    return e if sp is None else ModularIndexing(sp[0], _simplify(d / sp[1]), m)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -398,9 +442,9 @@ def _simplify_bounded(expr, maxes_items: tuple):
 def simplify_bounded(expr, ranges) -> sympy.Expr:
     """Drop floors and moduli that the loop bounds make redundant: `(256*x + r) // 32768` is
     `x // 128` when r < 256: the same element must print alike wherever a kernel touches it. `ranges` are
-    (var, extent) pairs; only integer extents count."""
+    (var, extent) pairs; an extent may be an expression in the sizes (`i % s` is `i` when i < s)."""
     expr = sympy.sympify(expr)
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
-    maxes = tuple((v, int(n) - 1) for v, n in ranges if sympy.sympify(n).is_Integer)
+    maxes = tuple((v, sympy.sympify(n) - 1) for v, n in ranges)
     return _simplify_bounded(expr, maxes)

@@ -7,7 +7,8 @@ import torch
 
 from .. import state
 from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
-from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, simplify_index, sympify
+from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, simplify_index,
+                           settle_min_max, statically_known_equal, sympify, sympy_list)
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -203,7 +204,7 @@ def _clamp_index(i, size):
         return size + i
     if i.is_Integer and int(i) >= 2 ** 62:
         return size
-    return sympy.Min(i, size) if not i.is_Integer else i
+    return settle_min_max(sympy.Min(i, size)) if not i.is_Integer else i
 
 
 @lower(aten.select.int)
@@ -265,37 +266,33 @@ def view(x, size):
 
 def _view_strides(old_size, old_stride, new_size):
     """Strides that view a strided layout as new_size without a copy, as eager's view does (ATen's
-    computeStride), or None where it must copy. Static sizes only (None for symbolic ones)."""
-    if not all(sympify(v).is_Integer for v in list(old_size) + list(old_stride) + list(new_size)):
-        return None
-    old_size, old_stride, new_size = [int(v) for v in old_size], [int(v) for v in old_stride], [int(v) for v in new_size]
+    computeStride), or None where it must copy. With symbolic sizes, the example sizes steer the walk
+    and every equality it relies on must hold for all sizes (else None: a copy, valid for any size)."""
+    old_size, old_stride, new_size = sympy_list(old_size), sympy_list(old_stride), sympy_list(new_size)
     if not old_size:
         return [sympy.Integer(1)] * len(new_size)
-    numel = 1
-    for n in old_size:
-        numel *= n
-    if numel == 0:
+    if any(n == 0 for n in old_size):
         return None
-    new_stride = [0] * len(new_size)
+    new_stride = [sympy.Integer(0)] * len(new_size)
     view_d = len(new_size) - 1
     chunk_base_stride = old_stride[-1]
-    tensor_numel, view_numel = 1, 1
+    tensor_numel, view_numel = sympy.Integer(1), sympy.Integer(1)
     for tensor_d in range(len(old_size) - 1, -1, -1):
-        tensor_numel *= old_size[tensor_d]
+        tensor_numel = tensor_numel * old_size[tensor_d]
         if tensor_d == 0 or (old_size[tensor_d - 1] != 1 and
-                             old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_size[view_d] == 1):
+                             not statically_known_equal(old_stride[tensor_d - 1], tensor_numel * chunk_base_stride)):
+            while view_d >= 0 and (hint(view_numel) < hint(tensor_numel) or new_size[view_d] == 1):
                 new_stride[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_size[view_d]
+                view_numel = view_numel * new_size[view_d]
                 view_d -= 1
-            if view_numel != tensor_numel:
+            if not statically_known_equal(view_numel, tensor_numel):
                 return None
             if tensor_d > 0:
                 chunk_base_stride = old_stride[tensor_d - 1]
-                tensor_numel, view_numel = 1, 1
+                tensor_numel, view_numel = sympy.Integer(1), sympy.Integer(1)
     if view_d != -1:
         return None
-    return [sympy.Integer(v) for v in new_stride]
+    return new_stride
 
 
 @lower(aten.flip.default)

@@ -105,3 +105,22 @@ def test_guard_le_may_tighten_its_own_guard():
     assert _guard_le(g, s, 16384) is True
     assert _guard_le(g, s, 1024) is True                              # below the guard ember installed
     assert len(env.guards) == 2
+
+
+def test_bounds_in_symbolic_sizes_simplify_views():
+    """Views over symbolic sizes flatten into floors and moduli by sizes; with the loop bounds (which
+    may be sizes themselves) they must fold back, so the same element prints alike in every kernel."""
+    x, r = sympy.symbols("xindex rindex", integer=True, nonnegative=True)
+    s0, s1, s2 = sympy.symbols("s0 s1 s2", integer=True, positive=True)
+    # (s1, s2, 64) viewed as (s1*s2, 64): x // s2 and x % s2 address the same element as 64*x + r
+    e = 64 * s2 * FloorDiv(64 * x + r, 64 * s2) + ModularIndexing(r, 1, 64) + 64 * ModularIndexing(64 * x + r, 64, s2)
+    assert simplify_index(e, ((x, s1 * s2), (r, 64))) == 64 * x + r
+    # a softmax over a symbolic row s0 of a (4*s1, s0, s0) buffer read through a (s1, 4, s0, s0) view
+    i0, i1 = FloorDiv(x, s0), ModularIndexing(x, 1, s0)
+    flat = i0 * s0**2 + i1 * s0 + r
+    e = 4 * s0**2 * FloorDiv(flat, 4 * s0**2) + s0**2 * ModularIndexing(flat, s0**2, 4) \
+        + s0 * ModularIndexing(i1 * s0 + r, s0, s0) + ModularIndexing(r, 1, s0)
+    assert simplify_index(e, ((x, 4 * s1 * s0), (r, s0))) == s0 * x + r
+    # what the bounds do not decide stays
+    assert simplify_index(ModularIndexing(x, 1, s0), ((x, s1),)) == ModularIndexing(x, 1, s0)
+    assert simplify_index(FloorDiv(s0 * x + r, s0), ((x, s1), (r, s0 + 1))) == FloorDiv(s0 * x + r, s0)
