@@ -42,7 +42,7 @@ step() {
 # The device has no network: no build isolation (it would fetch setuptools), and PYTHONPATH makes this
 # checkout the ember every step imports even if the editable install fails.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-step install 120 python -m pip install --no-deps --no-build-isolation -e . -q || true
+[ -z "${GPU_CHECK_NO_INSTALL:-}" ] && step install 120 python -m pip install --no-deps --no-build-isolation -e . -q
 step versions 60 python -c "
 import torch, triton, platform
 print('python', platform.python_version(), '| torch', torch.__version__, '| triton', triton.__version__)

@@ -9,6 +9,8 @@ import sys
 import tempfile
 import types
 
+from .. import config
+
 _HEADER = {
     "triton": "import triton\nimport triton.language as tl\nfrom triton.language.extra import libdevice\n",
     "triton-interpret": "import triton\nimport triton.language as tl\n"
@@ -85,5 +87,11 @@ def load_triton_kernels(kernels, backend: str) -> dict:
         from .compile_pool import precompile
         precompile(mod, triton_helpers(), kernels)
     from .autotune import Autotuned
-    return {k.name: Autotuned(getattr(mod, k.name), k.tuning, k.source) if k.tuning else getattr(mod, k.name)
-            for k in kernels}
+
+    def launchable(fn):
+        if backend != "triton" or not config.fast_launch or _interpreted(fn):
+            return fn
+        from .launch import Launcher
+        return Launcher(fn)
+    return {k.name: Autotuned(launchable(getattr(mod, k.name)), k.tuning, k.source) if k.tuning
+            else launchable(getattr(mod, k.name)) for k in kernels}

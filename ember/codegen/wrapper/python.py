@@ -45,8 +45,8 @@ class PythonWrapper:
             return "{" + ", ".join(f"{k!r}: {self.value(x)}" for k, x in v.items()) + "}"
         if isinstance(v, torch.dtype):
             return str(v)
-        if isinstance(v, torch.device):
-            return f"torch.device({str(v)!r})"
+        if isinstance(v, torch.device):      # a global: building a device object costs every call
+            return self.const(v, f"device_{v.type}{'' if v.index is None else v.index}")
         if isinstance(v, (bool, int, str)) or v is None:
             return repr(v)
         if isinstance(v, float):

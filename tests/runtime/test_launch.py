@@ -1,0 +1,74 @@
+"""runtime/launch.py: after the first launch of a specialization, a Triton kernel is launched through
+its compiled launcher with exactly the arguments Triton's JIT would pass; anything that could pick
+another binary goes through the JIT again. The bookkeeping is checked here with a stand-in JIT function
+(no GPU needed); on a GPU every Triton test launches through it."""
+import types
+
+import pytest
+import torch
+
+from ember.runtime import launch as launch_mod
+from ember.runtime.launch import Launcher
+
+
+class FakeKernel:
+    def __init__(self, log):
+        self.log, self.function, self.packed_metadata = log, "fn-handle", "packed"
+
+    def run(self, *a):
+        self.log.append(("fast", a))
+
+
+class FakeJIT:
+    """Stands in for triton.JITFunction: kernel(in_ptr, out_ptr, xnumel, XBLOCK: constexpr)."""
+
+    def __init__(self, names=("in_ptr0", "out_ptr0", "xnumel", "XBLOCK"), constexpr=("XBLOCK",)):
+        self.params = [types.SimpleNamespace(name=n, is_constexpr=n in constexpr) for n in names]
+        self.log, self.compiled = [], 0
+
+    def __getitem__(self, grid):
+        def jit_launch(*args, **meta):
+            self.log.append(("jit", grid, args, meta))
+            self.compiled += 1
+            return FakeKernel(self.log)
+        return jit_launch
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    monkeypatch.setattr(launch_mod, "_device_and_stream", lambda: (lambda: 0, lambda device: 1234))
+    monkeypatch.setattr(launch_mod, "_knobs_runtime", lambda: None)
+    fn = FakeJIT()
+    return fn, Launcher(fn)
+
+
+def test_second_launch_goes_through_the_compiled_launcher(launcher):
+    fn, L = launcher
+    x, y = torch.randn(64), torch.empty(64)
+    L[(4,)](x, y, 64, XBLOCK=16, num_warps=4)
+    L[(4, 2)](x, y, 64, XBLOCK=16, num_warps=4)
+    assert [e[0] for e in fn.log] == ["jit", "fast"]
+    # grid, stream, handle, packed metadata, no launch metadata or hooks, then every parameter in order
+    assert fn.log[1][1] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, x, y, 64, 16)
+
+
+def test_anything_that_picks_another_binary_goes_through_the_jit(launcher):
+    fn, L = launcher
+    x, y = torch.randn(65), torch.empty(64)
+    L[(4,)](x[:64], y, 64, XBLOCK=16)
+    L[(4,)](x[1:], y, 64, XBLOCK=16)                          # misaligned pointer
+    L[(4,)](x[:64].double(), y, 64, XBLOCK=16)                # another dtype
+    L[(4,)](x[:64], y, 48, XBLOCK=16)                         # another size
+    L[(4,)](x[:64], y, 64, XBLOCK=32)                         # another block size
+    L[(4,)](x[:64], y, 64, XBLOCK=16, num_warps=8)            # another launch option
+    assert [e[0] for e in fn.log] == ["jit"] * 6
+    L[(4,)](x[1:], y, 64, XBLOCK=16)                          # each of them is remembered
+    assert fn.log[-1][0] == "fast"
+
+
+def test_unknown_calling_convention_keeps_the_jit(launcher):
+    fn = FakeJIT(names=("in_ptr0", "xnumel", "XBLOCK", "RBLOCK"), constexpr=("XBLOCK", "RBLOCK"))
+    L = Launcher(fn)
+    for _ in range(2):
+        L[(1,)](torch.randn(4), 4, XBLOCK=4)                  # RBLOCK left to a default: not replayable
+    assert [e[0] for e in fn.log] == ["jit", "jit"]
