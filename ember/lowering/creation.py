@@ -6,20 +6,16 @@ import torch
 
 from ..ir.nodes import TensorBox
 from ..ir.symbolic import FloorDiv, sympify
-from .pointwise import index_value, scalar_value
+from .pointwise import canonical_device, index_value, scalar_value
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 
-def _device(device):
-    return torch.device(device) if device is not None else torch.device("cpu")
-
-
 def constant_box(value, size, dtype, device) -> TensorBox:
     size = [sympify(s) for s in size]
-    return TensorBox.pointwise(_device(device), dtype, lambda idx: scalar_value(value, dtype), size)
+    return TensorBox.pointwise(canonical_device(device), dtype, lambda idx: scalar_value(value, dtype), size)
 
 
 @lower(aten.full.default)
@@ -84,11 +80,11 @@ def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
 
     def inner_fn(idx):
         return index_value(start + idx[0] * step, dtype)
-    return TensorBox.pointwise(_device(device), dtype, inner_fn, [length])
+    return TensorBox.pointwise(canonical_device(device), dtype, inner_fn, [length])
 
 
 @lower(prims.iota.default)
 def iota(length, *, start, step, dtype, device, requires_grad=False):
-    return TensorBox.pointwise(_device(device), dtype,
+    return TensorBox.pointwise(canonical_device(device), dtype,
                                lambda idx: index_value(sympify(start) + idx[0] * sympify(step), dtype),
                                [sympify(length)])

@@ -99,6 +99,17 @@ def cast(value, src, dst):
     return ops.to_dtype(value, dst, src)
 
 
+def canonical_device(device) -> torch.device:
+    """A device argument as the tensors on it report it: `cuda` names the current GPU, and ember compares
+    devices to decide what may share a kernel (a `cuda` constant must meet `cuda:0` tensors)."""
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    if d.index is None and d.type != "cpu":
+        mod = getattr(torch, d.type, None)
+        if mod is not None and hasattr(mod, "current_device") and mod.is_available():
+            d = torch.device(d.type, mod.current_device())
+    return d
+
+
 def single_device(tensors):
     """The device all tensors are on. Eager also takes a 0-dim CPU tensor with CUDA ones (read as a
     scalar); a kernel cannot load it, so that case runs as an ATen fallback."""
@@ -512,7 +523,7 @@ def convert_element_type(x, dtype):
 
 @lower(aten._to_copy.default)
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    if device is not None and torch.device(device) != x.device:
+    if device is not None and canonical_device(device) != x.device:
         raise Unsupported("device copy")
     if layout not in (None, torch.strided):
         raise Unsupported("layout change")

@@ -23,8 +23,8 @@ from .. import state
 from ..ir.nodes import ExternKernel, Layout, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import contiguous_strides, is_static, product, sympify
-from .creation import _device, constant_box
-from .pointwise import broadcast_loader, cast
+from .creation import constant_box
+from .pointwise import broadcast_loader, canonical_device, cast
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -72,7 +72,7 @@ def random_stream(size, device, draw):
     # the same numbers, and 32-bit index math is cheaper on GPUs
     offset_dtype = torch.int32 if is_static(numel) and int(numel) < 2 ** 31 else torch.int64
     strides = contiguous_strides(size)
-    seeds = _seeds(torch.device(device))
+    seeds = _seeds(canonical_device(device))
     name, k = seeds.get_name(), seeds.reserve()
 
     def value(idx):
@@ -113,7 +113,7 @@ def _normal(dtype):
 
 
 def _box(size, device, dtype, draw) -> TensorBox:
-    size, device = [sympify(s) for s in size], torch.device(device)
+    size, device = [sympify(s) for s in size], canonical_device(device)
     return TensorBox.pointwise(device, dtype, random_stream(size, device, draw), size)
 
 
@@ -123,14 +123,14 @@ def _box(size, device, dtype, draw) -> TensorBox:
 def rand(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     _plain(layout=layout)
     dtype = _float_dtype(dtype)
-    return _box(size, _device(device), dtype, _uniform(dtype))
+    return _box(size, canonical_device(device), dtype, _uniform(dtype))
 
 
 @lower(aten.randn.default)
 def randn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     _plain(layout=layout)
     dtype = _float_dtype(dtype)
-    return _box(size, _device(device), dtype, _normal(dtype))
+    return _box(size, canonical_device(device), dtype, _normal(dtype))
 
 
 @lower(aten.rand_like.default)
@@ -242,13 +242,13 @@ def _randint(low, high, size, dtype, device) -> TensorBox:
 @lower(aten.randint.low)
 def randint_low(low, high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     _plain(layout=layout)
-    return _randint(low, high, size, dtype or torch.int64, _device(device))
+    return _randint(low, high, size, dtype or torch.int64, canonical_device(device))
 
 
 @lower(aten.randint.default)
 def randint(high, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     _plain(layout=layout)
-    return _randint(0, high, size, dtype or torch.int64, _device(device))
+    return _randint(0, high, size, dtype or torch.int64, canonical_device(device))
 
 
 @lower(aten.randint_like.low_dtype)

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import select
 import struct
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..config import config
 
 log = logging.getLogger("ember")
+JOB_TIMEOUT_S = 600.0      # one (kernel, config) compile; Triton takes seconds, autotuned giants a minute
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 
 
@@ -45,7 +47,12 @@ class _Process:
                                      stderr=None if os.environ.get("EMBER_COMPILE_WORKER_LOG") else subprocess.DEVNULL)
         self.ready = False
 
-    def _read(self):
+    def _read(self, timeout: float | None = None):
+        # a worker stuck on one kernel (never seen, but a hang would stop the user's program) is killed
+        # after `timeout` seconds: its jobs then fail, and their kernels compile at their first launch
+        if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.proc.kill()
+            raise RuntimeError(f"ember compile worker took longer than {timeout:.0f} s on one kernel; stopped")
         head = self.proc.stdout.read(4)
         if len(head) < 4:
             raise RuntimeError(f"ember compile worker exited (code {self.proc.poll()})")
@@ -58,7 +65,7 @@ class _Process:
         data = pickle.dumps(job)
         self.proc.stdin.write(struct.pack("<I", len(data)) + data)
         self.proc.stdin.flush()
-        return self._read()
+        return self._read(JOB_TIMEOUT_S)
 
     def close(self) -> None:
         try:
