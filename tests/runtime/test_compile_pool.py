@@ -128,3 +128,22 @@ def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
         compile_pool.precompile(mod, mod, kernels)
     warnings = [r for r in caplog.records if "compile workers failed" in r.getMessage()]
     assert len(warnings) == 1 and "no GPU here" in warnings[0].getMessage()
+
+
+def test_a_worker_stuck_on_a_kernel_is_stopped_and_the_pool_set_aside(monkeypatch, tmp_path):
+    """A worker that never answers must not hang the program: after JOB_TIMEOUT_S its job fails, the
+    worker is killed and the pool is marked broken (launches then compile their kernels themselves)."""
+    stuck = tmp_path / "stuck_worker.py"
+    stuck.write_text("import pickle, struct, sys, time\n"
+                     "d = pickle.dumps('ready'); sys.stdout.buffer.write(struct.pack('<I', len(d)) + d)\n"
+                     "sys.stdout.buffer.flush(); time.sleep(60)\n")
+    monkeypatch.setattr(compile_pool, "WORKER", str(stuck))
+    monkeypatch.setattr(compile_pool, "JOB_TIMEOUT_S", 0.5)
+    pool = compile_pool.CompilePool(2)
+    try:
+        errors = pool.run([{"kernel": "k0"}, {"kernel": "k1"}])
+        assert len(errors) == 2 and all("longer than" in e for e in errors), errors
+        assert pool.broken
+        assert all(w.proc.wait(timeout=5) is not None for w in pool.workers)     # killed, not left running
+    finally:
+        pool.close()
