@@ -7,10 +7,10 @@ memory-bound kernel over 268 MB runs for ~65 us). `Launcher` pays it once per di
 the first call goes through the JIT, which returns the compiled kernel; later calls with the same
 specialization call that kernel's own launcher (`CompiledKernel.run`) directly.
 
-The specialization key is what decides which binary Triton would pick: each tensor's dtype and whether
-its address is 16-byte aligned (Triton specializes pointers on that), every other argument's exact value
-(Triton specializes integers on ==1, divisibility by 16 and width; keying on the value is stricter), and
-the launch meta (block sizes, warps). A launch hook (a profiler such as proton) or an unknown calling
+The specialization key is what decides which binary Triton would pick: the current device (a binary is
+loaded per device), each tensor's dtype and whether its address is 16-byte aligned (Triton specializes
+pointers on that), every other argument's exact value (Triton specializes integers on ==1, divisibility
+by 16 and width; keying on the value is stricter), and the launch meta (block sizes, warps). A launch hook (a profiler such as proton) or an unknown calling
 convention sends every launch through the JIT, as before.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Launcher:
         self.fast: dict = {}          # specialization key -> (run, function, packed_metadata, constexpr tail)
         self.enabled = True
         self._tensor_pos = None       # positions of tensor arguments, fixed by the first call
-        self._device = self._stream = None   # the driver's getters, bound at the first fast launch
+        self._device = self._stream = None   # the driver's getters, bound at the first launch
         self._runtime = _knobs_runtime()
         self._names = [p.name for p in fn.params]
         self._constexpr = {p.name for p in fn.params if p.is_constexpr}
@@ -60,7 +60,9 @@ class Launcher:
             return self.fn[grid](*args, **meta)
         if self._tensor_pos is None:
             self._tensor_pos = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        key = self._key(args, meta)
+            self._device, self._stream = _device_and_stream()
+        device = self._device()          # a binary is loaded per device: part of the key
+        key = (device, self._key(args, meta))
         hit = self.fast.get(key)
         if hit is None:
             kernel = self.fn[grid](*args, **meta)
@@ -69,7 +71,7 @@ class Launcher:
         run, function, packed, tail = hit
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], g1, g2, self._stream(self._device()), function, packed, None, None, None, *args, *tail)
+        run(grid[0], g1, g2, self._stream(device), function, packed, None, None, None, *args, *tail)
 
     def _remember(self, key, kernel, args, meta) -> None:
         """Keep the compiled kernel's launcher for this key when the call can be replayed exactly: every
@@ -88,6 +90,4 @@ class Launcher:
         if run is None or function is None or packed is None:
             self.enabled = False
             return
-        if self._stream is None:
-            self._device, self._stream = _device_and_stream()
         self.fast[key] = (run, function, packed, tuple(meta[n] for n in rest))

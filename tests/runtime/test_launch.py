@@ -72,3 +72,17 @@ def test_unknown_calling_convention_keeps_the_jit(launcher):
     for _ in range(2):
         L[(1,)](torch.randn(4), 4, XBLOCK=4)                  # RBLOCK left to a default: not replayable
     assert [e[0] for e in fn.log] == ["jit", "jit"]
+
+
+def test_another_device_goes_through_the_jit(monkeypatch):
+    current = [0]
+    monkeypatch.setattr(launch_mod, "_device_and_stream", lambda: (lambda: current[0], lambda device: 1234))
+    monkeypatch.setattr(launch_mod, "_knobs_runtime", lambda: None)
+    fn = FakeJIT()
+    L = Launcher(fn)
+    x, y = torch.randn(64), torch.empty(64)
+    L[(4,)](x, y, 64, XBLOCK=16)
+    current[0] = 1                                            # the same call on another GPU
+    L[(4,)](x, y, 64, XBLOCK=16)
+    L[(4,)](x, y, 64, XBLOCK=16)
+    assert [e[0] for e in fn.log] == ["jit", "jit", "fast"]
