@@ -55,9 +55,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 
 # xdist when present: the tests are compile-bound (CPU), so workers help even on one GPU
 XDIST=""
-python -c "import xdist" 2>/dev/null && XDIST="-n 4"
+python -c "import xdist" 2>/dev/null && XDIST="-n 8"
 if python -c "import pytest" 2>/dev/null; then
-    EMBER_TEST_DEVICE=cuda step tests 240 python -m pytest -q $XDIST tests || true
+    # -v names each test as it ends; a test hanging for EMBER_TEST_HANG_S prints its stack and is ended
+    EMBER_TEST_DEVICE=cuda EMBER_TEST_HANG_S=120 EMBER_TEST_HANG_DIR="$OUT" EMBER_COMPILE_WORKERS=2 \
+        step tests 300 python -m pytest -v -rfE -p no:randomly $XDIST tests || true
+    cat "$OUT"/hang_*.log 2>/dev/null | tee "$OUT/tests_hangs.log" | head -80
 else
     echo "=== tests: skipped, pytest is not installed on this machine" | tee -a "$OUT/summary.txt"
 fi
