@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--models", default="gpt2,bert")
     ap.add_argument("--seqs", default="128,384,512,1000")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=50,
+                    help="timed calls per measurement (median); these sizes are host-bound, so more is steadier")
     ap.add_argument("--out")
     a = ap.parse_args()
     seqs = [int(s) for s in a.seqs.split(",")]
@@ -69,7 +71,7 @@ def main():
                 ref = first(model(inputs[s])).float()
                 out = first(dyn(inputs[s])).float()
                 err = ((out - ref).abs().max() / ref.abs().max()).item()
-                dyn_res[s] = (timeit(dyn, inputs[s]), err)
+                dyn_res[s] = (timeit(dyn, inputs[s], iters=a.iters), err)
             compiles = ember.metrics.graphs_compiled
             # a static compile per length, for comparison
             for s in seqs:
@@ -78,8 +80,8 @@ def main():
                 t0 = time.time()
                 static(inputs[s])
                 static_compile = time.time() - t0
-                static_ms = timeit(static, inputs[s])
-                eager_ms = timeit(model, inputs[s])
+                static_ms = timeit(static, inputs[s], iters=a.iters)
+                eager_ms = timeit(model, inputs[s], iters=a.iters)
                 dyn_ms, err = dyn_res[s]
                 row = dict(model=name, seq=s, dynamic_ms=dyn_ms, static_ms=static_ms, eager_ms=eager_ms,
                            dyn_over_static=dyn_ms / static_ms, dynamic_compiles=compiles, rel_err=err,
