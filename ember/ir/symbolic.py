@@ -113,8 +113,7 @@ def sympify(x) -> Expr:
     if isinstance(x, int):
         return sympy.Integer(x)
     if isinstance(x, torch.SymInt):
-        expr = x.node.expr
-        return settle_min_max(expr, x.node.shape_env)
+        return settle_min_max(x.node.expr, x.node.shape_env)
     raise TypeError(f"cannot use {type(x).__name__} {x!r} as a size")
 
 

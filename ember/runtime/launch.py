@@ -50,8 +50,9 @@ class Launcher:
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
 
-    def _key(self, args, meta) -> tuple:
-        key = [(a.dtype, a.data_ptr() % 16 == 0) if i in self._tensor_pos else a for i, a in enumerate(args)]
+    def _key(self, device, args, meta) -> tuple:
+        key = [device]          # a binary is loaded per device
+        key.extend((a.dtype, a.data_ptr() % 16 == 0) if i in self._tensor_pos else a for i, a in enumerate(args))
         key.extend(meta.values())
         return tuple(key)
 
@@ -61,8 +62,8 @@ class Launcher:
         if self._tensor_pos is None:
             self._tensor_pos = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
             self._device, self._stream = _device_and_stream()
-        device = self._device()          # a binary is loaded per device: part of the key
-        key = (device, self._key(args, meta))
+        device = self._device()
+        key = self._key(device, args, meta)
         hit = self.fast.get(key)
         if hit is None:
             kernel = self.fn[grid](*args, **meta)
@@ -80,8 +81,7 @@ class Launcher:
         if len(self.fast) >= _MAX_SPECIALIZATIONS or kernel is None:
             return
         rest = self._names[len(args):]
-        if any(n not in self._constexpr or n not in meta for n in rest) or \
-                any(i in self._tensor_pos for i in range(len(args)) if self._names[i] in self._constexpr):
+        if any(n not in self._constexpr or n not in meta for n in rest):
             self.enabled = False
             return
         run = getattr(kernel, "run", None)

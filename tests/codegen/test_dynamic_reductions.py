@@ -206,6 +206,16 @@ def test_cumsum_gradient(device):
     assert_compiles(counter, 1, training=True)
 
 
+def _run_declared_range(fn, lengths, device):
+    """fn over rows of these lengths, declared dynamic in [2, 1000] (mark_dynamic): one compile, eager's values."""
+    compiled, counter = compile_counted(fn, dynamic=None)
+    for n in lengths:
+        x = torch.randn(3, n, device=device)
+        torch._dynamo.mark_dynamic(x, 1, min=2, max=1000)
+        assert_close(compiled(x), fn(x), 1e-5, 1e-5, what=f"n={n}")
+    assert_compiles(counter, 1)
+
+
 @torch.no_grad()
 def test_a_declared_range_above_the_limit_is_not_narrowed(device, tmp_path):
     # mark_dynamic(min=, max=) declares the lengths the graph must serve: a guard below max would be
@@ -213,12 +223,7 @@ def test_a_declared_range_above_the_limit_is_not_narrowed(device, tmp_path):
     def fn(x):
         return torch.softmax(x, -1), x.sum(-1)
     with ember.config.patch(persistent_reduction_max=64):
-        compiled, counter = compile_counted(fn, dynamic=None)
-        for n in (7, 33, 200):
-            x = torch.randn(3, n, device=device)
-            torch._dynamo.mark_dynamic(x, 1, min=2, max=1000)
-            assert_close(compiled(x), fn(x), 1e-5, 1e-5, what=f"n={n}")
-        assert_compiles(counter, 1)
+        _run_declared_range(fn, (7, 33, 200), device)
     assert all("for roffset" in k for k in _row_kernels(_kernels(tmp_path)))
 
 
@@ -226,12 +231,7 @@ def test_a_declared_range_above_the_limit_is_not_narrowed(device, tmp_path):
 def test_a_declared_range_under_the_limit_is_persistent(device, tmp_path):
     def fn(x):
         return torch.softmax(x, -1)
-    compiled, counter = compile_counted(fn, dynamic=None)
-    for n in (7, 900, 33):
-        x = torch.randn(3, n, device=device)
-        torch._dynamo.mark_dynamic(x, 1, min=2, max=1000)
-        assert_close(compiled(x), fn(x), 1e-5, 1e-5, what=f"n={n}")
-    assert_compiles(counter, 1)
+    _run_declared_range(fn, (7, 900, 33), device)
     assert all("for roffset" not in k for k in _row_kernels(_kernels(tmp_path)))
 
 
