@@ -42,23 +42,30 @@ def assert_close(actual, expected, rtol=None, atol=None, what="output"):
             assert a == e, f"{what}[{i}]: {a} vs eager {e}"
 
 
-def check(fn, *args, grad=False, rtol=None, atol=None, **compile_kwargs):
-    """Run fn eagerly and with ember on copies of args; compare outputs (and input grads if grad)."""
-    eager_args = _clone(args, grad)
+def _to(tree, device):
+    return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def check(fn, *args, grad=False, rtol=None, atol=None, reference_device=None, **compile_kwargs):
+    """Run fn eagerly and with ember on copies of args; compare outputs (and input grads if grad).
+    reference_device="cpu": the eager reference runs on the CPU, for ops whose eager CUDA kernel is the
+    one that is wrong (the test says which PyTorch issue)."""
+    eager_args = _clone(_to(args, reference_device) if reference_device else args, grad)
     ember_args = _clone(args, grad)
     expected = fn(*eager_args)
     compiled = fresh_compile(fn, **compile_kwargs)
     actual = compiled(*ember_args)
-    assert_close(actual, expected, rtol, atol)
+    on_ref = (lambda t: _to(t, reference_device)) if reference_device else (lambda t: t)
+    assert_close(on_ref(actual), expected, rtol, atol)
     if grad:
         outs_e = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
         outs_a = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
         gens = [torch.randn_like(o) for o in outs_e]
         torch.autograd.backward(outs_e, gens)
-        torch.autograd.backward(outs_a, [g.clone() for g in gens])
+        torch.autograd.backward(outs_a, [g.to(a.device, copy=True) for g, a in zip(gens, outs_a)])
         ge = [a.grad for a in pytree.tree_leaves(eager_args) if isinstance(a, torch.Tensor) and a.requires_grad]
         ga = [a.grad for a in pytree.tree_leaves(ember_args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        assert_close(ga, ge, rtol, atol, what="grad")
+        assert_close(on_ref(ga), ge, rtol, atol, what="grad")
     return actual
 
 

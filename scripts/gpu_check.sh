@@ -2,7 +2,7 @@
 # Everything the lead checks on a GPU machine, in one command (through the device tool):
 #     bash scripts/gpu_check.sh
 #     GPU_CHECK_STEPS="overhead models_small anchor" bash scripts/gpu_check.sh     # only these steps
-# Steps: tests demo overhead models_small kernels anchor dynamic grad_variants memory compile_time
+# Steps: tests model_step demo overhead models_small kernels anchor dynamic grad_variants memory compile_time
 # Logs and JSON results go to $OUT (./gpu_check_out when unset). Each step has its own time limit and the
 # whole run stays under ~9 minutes, so it fits one 10-minute device command; a failing or timed-out step
 # is recorded in $OUT/summary.txt and the next step still runs.
@@ -64,6 +64,8 @@ if python -c "import pytest" 2>/dev/null; then
 else
     echo "=== tests: skipped, pytest is not installed on this machine" | tee -a "$OUT/summary.txt"
 fi
+# a model step that faulted once (convnext train: "misaligned address" while autotuning a reduction)
+CUDA_LAUNCH_BLOCKING=1 step model_step 240 python scripts/debug_model_step.py convnext --mode train || true
 step demo 90 python -m ember.cli demo --device cuda || true
 step overhead 60 python benchmarks/overhead.py --profile || true
 step models_small 150 python benchmarks/models.py --small --modes train --backends eager,ember --models gpt2,bert,llama,vit || true

@@ -194,6 +194,7 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(target, torch._ops.OpOverload):
             lowering = get_lowering(target)
             if lowering is not None and not _has_complex(self.current_node):
+                kwargs = with_traced_device(target, kwargs, self.current_node.meta.get("val"))
                 try:
                     return lowering(*args, **kwargs)
                 except Unsupported:
@@ -335,6 +336,16 @@ def _is_non_overlapping(t: torch.Tensor) -> bool:
             return False
         reach = st * n
     return True
+
+
+def with_traced_device(op, kwargs: dict, val) -> dict:
+    """A factory op's kwargs with the device it was traced on where the graph leaves `device` out: ATen
+    would read None as the default device (the CPU), but the node's value says where the tensor is. (An
+    autograd formula's `at::ones({1}, grad.options())` can reach the graph without its device.)"""
+    if kwargs.get("device") is not None or not isinstance(val, torch.Tensor) or \
+            not any(a.name == "device" and a.kwarg_only for a in op._schema.arguments):
+        return kwargs
+    return {**kwargs, "device": val.device}
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

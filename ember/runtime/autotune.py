@@ -132,6 +132,8 @@ class Autotuned:
 
     def _time(self, cfg, args) -> float:
         """Median time of one launch in ms (a first launch compiles and warms up)."""
+        # logged before the launch: a candidate that faults (a CUDA error is sticky) is the last one named
+        log.debug("ember autotune: timing %s (kernel %s)", cfg, self.key)
         self.launch(cfg, args)
         once = self._time_once(cfg, args)
         reps = max(3, min(25, int(2.0 / max(once, 1e-3))))    # about 2 ms of launches, 3 to 25 of them

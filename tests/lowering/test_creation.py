@@ -118,3 +118,28 @@ def test_creation_only_outputs(device):
     out = lowered(lambda a: (torch.zeros(2, 3, device=a.device), torch.ones(4, dtype=torch.int32, device=a.device),
                              torch.arange(5, device=a.device), a), x)
     assert out[2].dtype == torch.int64
+
+
+def test_factory_without_device_is_made_where_it_was_traced(device):
+    # autograd formulas (cumprod's backward) can put `ones` in a graph with no device kwarg; its value
+    # says where it lives, and ember must not read the missing kwarg as the CPU
+    import ember
+    from ember.lowering.graph import with_traced_device
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+    meta = torch.empty(2, device="meta")
+    assert with_traced_device(aten.ones.default, {}, meta) == {"device": meta.device}
+    assert with_traced_device(aten.ones.default, {"device": torch.device("cpu")}, meta)["device"].type == "cpu"
+    assert with_traced_device(aten.add.Tensor, {}, meta) == {}
+
+    def fn(a):
+        return torch.cat([torch.ones(3, 1, device=a.device), a.cumsum(1)], 1)
+    a = torch.randn(3, 5, device=device)
+    gm = make_fx(fn, tracing_mode="fake")(a)
+    (ones,) = [n for n in gm.graph.nodes if n.target is aten.ones.default]
+    ones.kwargs = {k: v for k, v in ones.kwargs.items() if k != "device"}
+    gm.recompile()
+    ember.metrics.reset()
+    out = ember.compile_graph(gm, [a])([a.clone()])
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, fn(a))
+    assert not ember.metrics.fallbacks

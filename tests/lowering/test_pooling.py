@@ -76,7 +76,9 @@ def test_avg_pool2d_and_grad(device, name):
 def test_avg_pool2d_chw_and_channels_last(device):
     check(lambda a: F.avg_pool2d(a, 3, 2, 1, count_include_pad=False), _x(device, 3, 9, 11), grad=True)
     xc = _x(device, 2, 4, 9, 11).to(memory_format=torch.channels_last)
-    check(lambda a: F.avg_pool2d(a, 3, 2, 1, ceil_mode=True), xc, grad=True)
+    # eager's CUDA backward for channels-last input with padding is wrong (pytorch/pytorch#188344, torch
+    # 2.11: 99% of the gradient off, CPU eager and ember agree to 1e-7): the reference runs on the CPU
+    check(lambda a: F.avg_pool2d(a, 3, 2, 1, ceil_mode=True), xc, grad=True, reference_device="cpu")
     _lowered()
 
 

@@ -210,11 +210,18 @@ def test_zero_size(device):
     _no_scan_fallbacks()
 
 
+_TORCH_BEFORE_2_13 = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13)
+
+
 # --- gradients ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [7, 4 * PERSISTENT_SCAN_MAX + 1])
 @pytest.mark.parametrize("name", list(OPS))
 def test_grads(device, name, n):
+    if name == "cumprod" and n > PERSISTENT_SCAN_MAX and _TORCH_BEFORE_2_13:
+        # torch 2.11 traces cumprod's backward as its O(n^2) composite loop (a prod, a cumprod and a cat
+        # per element): 4097 of them take minutes to compile (the H200 run hung here); 2.13 traces O(n)
+        pytest.skip("cumprod's backward is an O(n^2) graph on this torch")
     op = OPS[name]
     lowered(lambda a, b: (op(a, 1), op(b, 0)), _input(name, 3, n, device=device), _input(name, 5, 4, device=device),
             grad=True, **_tol(n))
