@@ -92,6 +92,14 @@ def kernel_call_args(k) -> list:
     return args + [sympy.Symbol(s) for s in k.args.sizes.values()]
 
 
+def reads_rows_online(device: torch.device) -> bool:
+    """Whether softmax's row statistics should be one online reduction (graph/passes/post_grad.py) for
+    kernels on device. Triton: yes, a long row is then read from memory once, not twice. C++: no, a row
+    stays in cache between its passes and softmax keeps exp(x - max) in a row buffer from the sum's
+    pass for the division (an online sum would compute exp twice)."""
+    return device.type != "cpu" or config.cpu_backend == "triton"
+
+
 def backend_for(device: torch.device):
     if device.type == "cpu":
         config.validate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 
 from ..ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, MutationBuffer, Reduction, Scan
-from ..ir.ops import DefaultHandler, handler
+from ..ir.ops import TUPLE_REDUCTIONS, DefaultHandler, handler
 from ..ir.symbolic import make_index_vars
 
 
@@ -23,7 +23,7 @@ class _Printer(DefaultHandler):
 
     def reduction(self, dtype, src_dtype, rtype, value):
         out = self._emit(f"reduction({rtype}, {value})")
-        return _Tuple(out) if rtype == "welford" else out
+        return _Tuple(out) if rtype in TUPLE_REDUCTIONS else out
 
     def store(self, name, index, value, mode=None):
         self.lines.append(f"store({name}, {index}, {value}{f', mode={mode}' if mode else ''})")

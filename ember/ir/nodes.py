@@ -107,7 +107,7 @@ class Reduction(Loops):
     reduction_ranges: list = dataclasses.field(default_factory=list)
     reduction_type: str = "sum"
     src_dtype: torch.dtype = torch.float32
-    output_index: Optional[int] = None   # which of welford's (mean, m2, weight) this is
+    output_index: Optional[int] = None   # which value of a tuple reduction (ir.ops.TUPLE_REDUCTIONS)
 
     def make_loader(self):
         raise RuntimeError("a Reduction must be realized before it is read")

@@ -18,7 +18,7 @@ Random:     rand(seed, offset) -> float32 in [0, 1) · randn(seed, offset) -> fl
             randint64(seed, offset, low, high) -> int64 in [low, high): pure functions of an int64
             seed and an integer offset (Philox4x32-10, Triton's tl.rand convention), so recomputing
             an element anywhere gives the same number
-Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple for welford)
+Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple: TUPLE_REDUCTIONS)
 Scan:       scan(dtype, combine, value) -> value combined with every earlier step along the kernel's
             r axis (a scan's steps), combine one of SCAN_COMBINES; dtype is the result's
 Math:       the names in UNARY, BINARY below.
@@ -42,7 +42,9 @@ RANDOM = "rand randn randint64".split()
 OP_NAMES = tuple(UNARY + BINARY + MEMORY + RANDOM)
 
 STORE_MODES = (None, "atomic_add")
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin", "welford")
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin", "welford", "online_softmax")
+# reductions whose value is a tuple: welford (mean, m2, weight); online_softmax (max, sum of exp(v - max))
+TUPLE_REDUCTIONS = {"welford": 3, "online_softmax": 2}
 SCAN_COMBINES = ("add", "mul", "logaddexp")
 
 

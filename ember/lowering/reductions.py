@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, prod, amax/amin, max/min.dim, any/all, argmax/argmin, var/std (Welford).
+"""Reductions: sum, mean, prod, amax/amin, max/min.dim, any/all, argmax/argmin, var/std (Welford),
+softmax's row statistics (an online max and sum of exp).
 
 A reduction is realized as soon as it is built (its consumers load the stored row results); the
 scheduler then fuses it with its pointwise producers and consumers into one kernel.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ..graph.ops import softmax_stats
 from ..ir.nodes import Reduction, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, sympify
@@ -77,6 +79,8 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
             return cast(ops.mul(d, d), src_dtype, dtype)
         if reduction_type == "welford" and output_index == 2:     # weight
             return ops.constant(1, dtype)
+        if reduction_type == "online_softmax" and output_index == 1:     # exp(v - max): 1, nan for inf/nan
+            return cast(ops.exp(ops.sub(v, v)), src_dtype, dtype)
         return cast(v, src_dtype, dtype)
 
     return TensorBox.pointwise(x.device, dtype, inner_fn, ranges)
@@ -239,6 +243,14 @@ def welford(x, dims, keepdim):
     acc = _acc_dtype(x.dtype)
     outs = [reduce(x, dims, "welford", acc, src_dtype=acc, keepdim=keepdim, output_index=i) for i in range(3)]
     return outs
+
+
+@lower(softmax_stats)
+def softmax_stats_(x, dim):
+    """(max, sum of exp(x - max)) over dim, kept: one reduction (an online one where rows are looped)."""
+    if x.dtype not in (torch.float32, torch.float64):
+        raise Unsupported("softmax_stats of a narrow or integer dtype")
+    return tuple(reduce(x, [dim], "online_softmax", x.dtype, keepdim=True, output_index=i) for i in range(2))
 
 
 def _var_from(m2, n, correction):

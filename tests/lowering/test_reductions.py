@@ -343,3 +343,62 @@ def test_codegen_reduction_over_one_element(device, monkeypatch):
     registry.load_all()
     monkeypatch.setitem(registry.lowerings, torch.ops.aten.sum.dim_IntList, raw_sum)
     check(lambda a: a.sum(1), torch.randn(4, 1, device=device))
+
+
+# --- softmax's row statistics (graph/passes/post_grad.online_softmax_stats) ----------------------------------
+
+def _post_grad_ops(seen):
+    def record(gm):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+    return record
+
+
+@pytest.mark.parametrize("n", [37, LOOPED])
+def test_softmax_statistics_are_one_reduction(device, n):
+    # the max and the sum of exp of a row come from one reduction: a looped row is read once (online)
+    import torch.nn.functional as F
+    seen = []
+    x = torch.randn(5, n, device=device) * 4
+    t = torch.randint(0, n, (5,), device=device)
+    with ember.config.patch(post_grad_passes=[_post_grad_ops(seen)]):
+        lowered(lambda a, b: (F.log_softmax(a, -1), F.softmax(a, 1), F.cross_entropy(a, b)), x, t, grad=True)
+    from ember.codegen.backends import reads_rows_online
+    online = reads_rows_online(torch.device(device))
+    assert (torch.ops.ember.softmax_stats.default in seen) == online
+    assert (torch.ops.aten.amax.default in seen) != online
+
+
+@pytest.mark.parametrize("n", [37, LOOPED])
+def test_softmax_statistics_special_values(device, n):
+    # -inf adds nothing; +inf or nan in a row make it nan; a row of only -inf is nan (as eager computes)
+    import torch.nn.functional as F
+    y = torch.randn(7, n, device=device) * 3
+    y[0] = float("-inf")
+    y[1, 3] = float("-inf")
+    y[2, 7] = float("inf")
+    y[3, 1] = float("nan")
+    y[4, :n - 1] = float("-inf")
+    y[5, ::2] = float("inf")
+    y[6, n - 1] = float("-inf")
+    lowered(lambda a: (F.log_softmax(a, -1), F.softmax(a, -1)), y)
+
+
+@pytest.mark.parametrize("n", [1, 37, LOOPED])
+def test_softmax_stats_op_on_every_backend(device, n):
+    # ember::softmax_stats lowers on every backend, whether or not the post-grad pass makes it there
+    y = torch.randn(7, n, device=device) * 3
+    y[0] = float("-inf")
+    y[1, 0] = float("-inf")
+    y[2, n // 2] = float("inf")
+    y[3, n - 1] = float("nan")
+    y[5, :n - 1] = float("-inf")
+    lowered(lambda a: torch.ops.ember.softmax_stats(a, 1), y)
+    lowered(lambda a: torch.ops.ember.softmax_stats(a, 0), y.double())
+
+
+def test_softmax_statistics_of_upcast_and_double_rows(device):
+    import torch.nn.functional as F
+    x = torch.randn(4, LOOPED, device=device, dtype=BF16)
+    t = torch.randint(0, LOOPED, (4,), device=device)
+    lowered(lambda a, b: F.cross_entropy(a.float(), b), x, t)
+    lowered(lambda a: F.log_softmax(a, 0), torch.randn(LOOPED, 3, device=device, dtype=F64), grad=True)

@@ -358,6 +358,9 @@ class CppKernel(MathOps, SectionedKernel):
             return self.constant(0, torch.int64)
         if rtype == "welford":
             return (self.to_dtype(value, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        if rtype == "online_softmax":
+            v = self.to_dtype(value, dtype)
+            return (v, self.cse(f"std::exp({v} - {v})", dtype, v.kind))
         return self.to_dtype(value, dtype)
 
     def _identity(self, rtype, dtype) -> str:
@@ -409,6 +412,8 @@ class CppKernel(MathOps, SectionedKernel):
                          f"ember::welford_lanes<{self.lanes}, {t}>({acc}_m, {acc}_m2, {acc}_w, "
                          f"{acc}_rm, {acc}_rm2, {acc}_rw);"]
             return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
+        if rtype == "online_softmax":
+            return self._loop_softmax_stats(acc, ln, value, dtype)
         if rtype in ("argmax", "argmin"):
             t = ctype(src)
             better = ">" if rtype == "argmax" else "<"
@@ -446,6 +451,26 @@ class CppKernel(MathOps, SectionedKernel):
         if rdt == dtype or rtype in ("any", "all"):
             return r
         return self.cse(f"static_cast<{ctype(dtype)}>({r})", dtype, "x", where="post")
+
+    def _loop_softmax_stats(self, acc, ln, value, dtype):
+        """(max, sum of exp(v - max)) in one pass: a running max per lane and a sum rescaled when it grows,
+        one exp per element (exp(-|v - max|) is the new term or the old sum's scale). A -inf element adds
+        nothing, +inf and nan make the sum nan (and nan the max): eager's max-then-sum values."""
+        sec, t = self.section, ctype(dtype)
+        inf = f"std::numeric_limits<{t}>::infinity()"
+        sec.pre += self._lanes(f"{acc}_m", t, f"-{inf}") + self._lanes(f"{acc}_s", t, f"static_cast<{t}>(0)")
+        m, s_ = f"{acc}_m[{ln}]", f"{acc}_s[{ln}]"
+        sec.body.append(f"{{ const {t} v_ = static_cast<{t}>({value}); const bool gt_ = v_ > {m} || v_ != v_; "
+                        f"const {t} e_ = std::exp(-std::abs(v_ - {m})); "
+                        f"const {t} sn_ = gt_ ? {s_} * e_ + (v_ - v_ + static_cast<{t}>(1)) : {s_} + e_; "
+                        f"{s_} = v_ == -{inf} ? {s_} : sn_; {m} = gt_ ? v_ : {m}; }}")
+        if self.xlanes:
+            nan = f"std::numeric_limits<{t}>::quiet_NaN()"
+            return (self._result(f"{acc}_m[xl]", dtype, []),
+                    self._result(f"({acc}_m[xl] == -{inf} ? {nan} : {acc}_s[xl])", dtype, []))
+        sec.post += [f"{t} {acc}_rm, {acc}_rs;",
+                     f"ember::softmax_stats_lanes<{self.lanes}, {t}>({acc}_m, {acc}_s, {acc}_rm, {acc}_rs);"]
+        return self._result(f"{acc}_rm", dtype, []), self._result(f"{acc}_rs", dtype, [])
 
     # -- scans ---------------------------------------------------------------------------------------------
 

@@ -396,6 +396,25 @@ template <int N, typename T> static inline void welford_lanes(const T* m, const 
   for (int l = 1; l < N; ++l) welford_merge(rm, rm2, rw, m[l], m2[l], w[l]);
 }
 
+// softmax's row statistics: merge (max, sum of exp(v - max)) of b into a, each sum rescaled to the common
+// max; an empty part (sum 0: no element, or only -inf ones) adds nothing, also where both maxima are -inf
+template <typename T> static inline void softmax_stats_merge(T& m, T& s, T mb, T sb) {
+  const T mx = max_nan(m, mb);
+  const T ea = s == T(0) ? T(0) : s * std::exp(m - mx);
+  const T eb = sb == T(0) ? T(0) : sb * std::exp(mb - mx);
+  m = mx;
+  s = ea + eb;
+}
+
+// the lanes of a softmax_stats reduction merged into the row's (max, sum); a row of only -inf gets a nan
+// sum, as eager's exp(-inf - -inf) does
+template <int N, typename T> static inline void softmax_stats_lanes(const T* m, const T* s, T& rm, T& rs) {
+  rm = m[0];
+  rs = s[0];
+  for (int l = 1; l < N; ++l) softmax_stats_merge(rm, rs, m[l], s[l]);
+  if (rm == -std::numeric_limits<T>::infinity()) rs = std::numeric_limits<T>::quiet_NaN();
+}
+
 // Philox4x32-10 (Salmon et al., SC'11) laid out as Triton's tl.randint4x: counter (offset low, offset
 // high, 0, 0), key (seed low, seed high). Matching it bit for bit makes the C++ and Triton backends
 // draw the same numbers for the same seed; an element's value depends only on (seed, offset), never on

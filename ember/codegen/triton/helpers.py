@@ -90,6 +90,16 @@ def welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
 
 
 @triton.jit
+def softmax_stats_combine(m_a, s_a, m_b, s_b):
+    # (max, sum of exp(v - max)) of two parts: each sum rescaled to the common max. An empty part (sum
+    # 0: no element, or only -inf ones) adds nothing, also where both maxima are -inf (exp(nan))
+    m = max_nan(m_a, m_b)
+    e_a = tl.where(s_a == 0.0, 0.0, s_a * tl.exp(m_a - m))
+    e_b = tl.where(s_b == 0.0, 0.0, s_b * tl.exp(m_b - m))
+    return m, e_a + e_b
+
+
+@triton.jit
 def floordiv_int(a, b):
     q = a // b
     fix = ((a % b) != 0) & ((a < 0) != (b < 0))

@@ -230,6 +230,8 @@ class TritonKernel(MathOps, SectionedKernel):
             return self.to_dtype(value, torch.bool)
         if rtype == "welford":
             return (value, self.constant(0.0, torch.float32), self.constant(1.0, torch.float32))
+        if rtype == "online_softmax":
+            return (value, self.cse(f"tl.exp({value.name} - {value.name})", dtype, value.kind))
         return self.to_dtype(value, dtype) if value.dtype != dtype else value
 
     def _identity(self, rtype, dtype) -> str:
@@ -271,8 +273,34 @@ class TritonKernel(MathOps, SectionedKernel):
             m2 = self.cse(f"tl.sum({dev} * {dev}, 1)[:, None]", dtype, "x")
             cnt = self.cse(f"tl.sum({w}, 1)[:, None]", dtype, "x")
             return (mean, m2, cnt)
+        if rtype == "online_softmax":
+            # the row is in registers: two passes over it, as eager computes (max, then sum of exp)
+            mx = self.cse(f"tl.reduce({self._masked(value, 'max', src)}, 1, helpers.max_nan)[:, None]", dtype, "x")
+            e = self.cse(f"tl.where(xmask & rmask, tl.exp({value.name} - {mx}), 0.0)", dtype, "xr")
+            return (mx, self.cse(f"tl.sum({e}, 1)[:, None]", dtype, "x"))
         r = self.cse(f"tl.reduce({m}, 1, {self._combine_fn(rtype, src)})[:, None]", dtype, "x")
         return r if rtype not in ("any", "all") else self.cse(f"{r}.to(tl.int1)", torch.bool, "x")
+
+    def _looped_softmax_stats(self, acc, value, dtype):
+        """(max, sum of exp(v - max)) in one pass over a long row: each lane keeps a running max and a sum
+        rescaled whenever the max grows, with one exp per element (exp(-|v - max|) is the new term or the
+        old sum's scale); the lanes merge in helpers.softmax_stats_combine. A -inf element adds nothing,
+        +inf and nan make the sum nan and nan the max, and a row of only -inf gets a nan sum: eager's
+        max-then-sum values for those rows."""
+        sec = self.section
+        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, tl.float32)"
+        tt = triton_type(dtype)
+        sec.pre += [f"{acc}_m = tl.full([XBLOCK, RBLOCK], float('-inf'), {tt})",
+                    f"{acc}_s = tl.zeros([XBLOCK, RBLOCK], {tt})"]
+        sec.body += [f"{acc}_v = {v}",
+                     f"{acc}_gt = ({acc}_v > {acc}_m) | ({acc}_v != {acc}_v)",
+                     f"{acc}_e = tl.exp(-tl.abs({acc}_v - {acc}_m))",
+                     f"{acc}_sn = tl.where({acc}_gt, {acc}_s * {acc}_e + ({acc}_v - {acc}_v + 1.0), {acc}_s + {acc}_e)",
+                     f"{acc}_s = tl.where(xmask & rmask & ({acc}_v != float('-inf')), {acc}_sn, {acc}_s)",
+                     f"{acc}_m = tl.where(xmask & rmask & {acc}_gt, {acc}_v, {acc}_m)"]
+        sec.post += [f"{acc}_r0, {acc}_r1 = tl.reduce(({acc}_m, {acc}_s), 1, helpers.softmax_stats_combine)",
+                     f"{acc}_r1 = tl.where({acc}_r0 == float('-inf'), float('nan'), {acc}_r1)"]
+        return tuple(self.cse(f"{acc}_r{i}[:, None]", dtype, "x", where="post") for i in range(2))
 
     def _looped_reduction(self, dtype, rtype, value):
         sec = self.section
@@ -293,6 +321,8 @@ class TritonKernel(MathOps, SectionedKernel):
                          f"{acc}_mean = {acc}_mn", f"{acc}_w = {acc}_wn"]
             sec.post.append(f"{acc}_r0, {acc}_r1, {acc}_r2 = tl.reduce(({acc}_mean, {acc}_m2, {acc}_w), 1, helpers.welford_combine)")
             return tuple(self.cse(f"{acc}_r{i}[:, None]", dtype, "x", where="post") for i in range(3))
+        if rtype == "online_softmax":
+            return self._looped_softmax_stats(acc, value, dtype)
         if rtype in ("argmax", "argmin"):
             sec.pre += [f"{acc} = tl.full([XBLOCK, RBLOCK], {self._identity(rtype, src)}, {tt})",
                         f"{acc}_i = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int64)"]

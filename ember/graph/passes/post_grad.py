@@ -1,6 +1,8 @@
 """Passes on the functional ATen graph that compile_graph lowers (forward, backward or inference)."""
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -65,12 +67,65 @@ def scatter_into_constant(gm: torch.fx.GraphModule) -> None:
         _fill_meta(gm, new)
 
 
+def _one_dim(dims, ndim):
+    """The single dim of a reduction's dims argument, non-negative; None for several or all dims."""
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    return dims[0] % ndim if len(dims) == 1 and ndim else None
+
+
+def _reduces_like(node, target, x, dim) -> bool:
+    """node is target(x, [dim], keepdim=True) with no dtype argument."""
+    if node.op != "call_function" or node.target is not target or node.kwargs.get("dtype") is not None:
+        return False
+    args = list(node.args) + [None] * 3
+    keepdim = node.kwargs.get("keepdim", args[2])
+    return args[0] is x and keepdim is True and _one_dim(args[1], x.meta["val"].dim()) == dim
+
+
+def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
+    """`m = amax(x, d, keepdim)` and `sum(exp(x - m), d, keepdim)`, the row statistics of softmax,
+    log-softmax and cross-entropy, become one `ember::softmax_stats(x, d)`: one reduction carrying the
+    running max and the sum of exp rescaled to it, so a row too long to hold in registers is read once,
+    not once for the max and again for the sum, where the kernel backend wants that
+    (codegen.backends.reads_rows_online). Float32/64 rows only (narrow floats are upcast first by the
+    decompositions, and the statistics' dtype must be x's)."""
+    from ...codegen.backends import reads_rows_online     # the kernel backend's preference, asked by device
+    from ..ops import softmax_stats
+    g = gm.graph
+    for m in list(g.nodes):
+        if m.op != "call_function" or m.target is not aten.amax.default or not m.args:
+            continue
+        x = m.args[0]
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if val is None or val.dtype not in (torch.float32, torch.float64) or val.dim() == 0 or \
+                not reads_rows_online(val.device):
+            continue
+        dim = _one_dim(m.args[1] if len(m.args) > 1 else m.kwargs.get("dim"), val.dim())
+        if dim is None or not _reduces_like(m, aten.amax.default, x, dim):
+            continue
+        total = next((s for sub in m.users if sub.target is aten.sub.Tensor and sub.args == (x, m)
+                      for e in sub.users if e.target is aten.exp.default
+                      for s in e.users if _reduces_like(s, aten.sum.dim_IntList, e, dim)), None)
+        if total is None:
+            continue
+        with g.inserting_before(m):
+            stats = g.call_function(softmax_stats, (x, dim))
+            new_m = g.call_function(operator.getitem, (stats, 0))
+            new_total = g.call_function(operator.getitem, (stats, 1))
+        stats.meta["val"] = (m.meta["val"], total.meta["val"])
+        new_m.meta["val"], new_total.meta["val"] = m.meta["val"], total.meta["val"]
+        m.replace_all_uses_with(new_m)
+        total.replace_all_uses_with(new_total)
+        g.erase_node(total)
+        g.erase_node(m)
+
+
 def _dtype(node):
     v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return getattr(v, "dtype", None)
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, dead_code_elimination]
+PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
