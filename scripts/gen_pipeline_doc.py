@@ -283,8 +283,10 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         `compile_graph` is also a public entry for ATen graphs that did not come through ember's AOTAutograd
         setup, so it decomposes again: `decompose` re-traces the graph with the same table, under the graph's
         own fake mode, when some node is in the table (and returns it untouched otherwise). The post-grad
-        passes then run on the functional graph: drop casts to the dtype a value already has, eliminate dead
-        code, then the user's `config.post_grad_passes`.
+        passes then run on the functional graph: drop casts to the dtype a value already has, turn a scatter
+        into a constant into a `where`, make softmax's max and sum of exp one `ember::softmax_stats` reduction
+        (where the kernel backend reads long rows online: Triton), eliminate dead code, then the user's
+        `config.post_grad_passes`.
         """, pg, *([] if same_aten else [code(g["post_grad_graph.txt"], "python")])))
     doc.append(section(
         "5. Lowering: ATen ops to loop IR",
