@@ -43,6 +43,9 @@ def assert_close(actual, expected, rtol=None, atol=None, what="output"):
 
 
 def _to(tree, device):
+    """tree with its tensors on device (None: tree as it is)."""
+    if device is None:
+        return tree
     return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, tree)
 
 
@@ -50,13 +53,12 @@ def check(fn, *args, grad=False, rtol=None, atol=None, reference_device=None, **
     """Run fn eagerly and with ember on copies of args; compare outputs (and input grads if grad).
     reference_device="cpu": the eager reference runs on the CPU, for ops whose eager CUDA kernel is the
     one that is wrong (the test says which PyTorch issue)."""
-    eager_args = _clone(_to(args, reference_device) if reference_device else args, grad)
+    eager_args = _clone(_to(args, reference_device), grad)
     ember_args = _clone(args, grad)
     expected = fn(*eager_args)
     compiled = fresh_compile(fn, **compile_kwargs)
     actual = compiled(*ember_args)
-    on_ref = (lambda t: _to(t, reference_device)) if reference_device else (lambda t: t)
-    assert_close(on_ref(actual), expected, rtol, atol)
+    assert_close(_to(actual, reference_device), expected, rtol, atol)
     if grad:
         outs_e = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
         outs_a = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -65,7 +67,7 @@ def check(fn, *args, grad=False, rtol=None, atol=None, reference_device=None, **
         torch.autograd.backward(outs_a, [g.to(a.device, copy=True) for g, a in zip(gens, outs_a)])
         ge = [a.grad for a in pytree.tree_leaves(eager_args) if isinstance(a, torch.Tensor) and a.requires_grad]
         ga = [a.grad for a in pytree.tree_leaves(ember_args) if isinstance(a, torch.Tensor) and a.requires_grad]
-        assert_close(on_ref(ga), ge, rtol, atol, what="grad")
+        assert_close(_to(ga, reference_device), ge, rtol, atol, what="grad")
     return actual
 
 

@@ -288,8 +288,8 @@ class TritonKernel(MathOps, SectionedKernel):
         +inf and nan make the sum nan and nan the max, and a row of only -inf gets a nan sum: eager's
         max-then-sum values for those rows."""
         sec = self.section
-        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, tl.float32)"
         tt = triton_type(dtype)
+        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {tt})"
         sec.pre += [f"{acc}_m = tl.full([XBLOCK, RBLOCK], float('-inf'), {tt})",
                     f"{acc}_s = tl.zeros([XBLOCK, RBLOCK], {tt})"]
         sec.body += [f"{acc}_v = {v}",
