@@ -28,6 +28,9 @@ class Config:
     # Write a folder per compiled graph (FX graphs, IR, kernels, wrapper) under debug_dir.
     debug: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DEBUG", False))
     debug_dir: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_DEBUG_DIR", "ember_debug"))
+    # Synchronize the GPU after every kernel and extern call of the Python wrapper and name the call that
+    # left an error: a CUDA fault otherwise surfaces at some later launch or copy (slow; for hunting faults).
+    debug_sync: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DEBUG_SYNC", False))
     # Kernel backend for CPU tensors: "cpp" (C++/OpenMP, built with the system compiler) or "triton"
     # (Triton kernels in Triton's interpreter: slow, for testing the Triton code path without a GPU).
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "cpp"))

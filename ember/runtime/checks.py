@@ -48,3 +48,16 @@ def conform_layout(t: torch.Tensor, size, stride, name: str) -> torch.Tensor:
         raise AssertionError(_message(t, size, stride, name))
     log.debug("%s: copying into the promised layout", _message(t, size, stride, name))
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def debug_sync(what: str) -> None:
+    """config.debug_sync: wait for the GPU after `what` (a kernel or extern call) and name it if the GPU
+    reports an error. A fault is otherwise reported by whatever CUDA call comes next, often a later kernel's
+    launch, and even CUDA_LAUNCH_BLOCKING=1 does not cover library kernels (cuDNN) that launch on their own."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:
+        raise RuntimeError(f"ember debug_sync: the GPU reported an error right after {what}: {e}") from e
+

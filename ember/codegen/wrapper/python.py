@@ -6,8 +6,8 @@ from typing import Any
 import sympy
 import torch
 
-from ... import metrics
-from ...runtime.checks import check_layout, conform_layout
+from ... import config, metrics
+from ...runtime.checks import check_layout, conform_layout, debug_sync
 from ...runtime.loader import load_module, load_triton_kernels
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
@@ -19,7 +19,7 @@ class PythonWrapper:
         self.program = program
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                         "as_strided": torch.as_strided, "check_layout": check_layout,
-                                        "conform_layout": conform_layout}
+                                        "conform_layout": conform_layout, "debug_sync": debug_sync}
         self._ids: dict[int, str] = {}
 
     def const(self, obj, hint: str) -> str:
@@ -66,8 +66,15 @@ class PythonWrapper:
         body.append("args.clear()")
         for line in p.lines:
             body.extend(self.line(line))
+            if config.debug_sync and isinstance(line, (CallKernel, CallExtern)):
+                body.append(f"debug_sync({self._what(line)!r})")
         out += ["    " + ln for ln in body]
         return "\n".join(out) + "\n"
+
+    def _what(self, ln) -> str:
+        if isinstance(ln, CallKernel):
+            return ln.name
+        return f"{ln.name} = {getattr(ln.op, '__name__', ln.op)}" if ln.name else str(getattr(ln.op, "__name__", ln.op))
 
     def line(self, ln) -> list[str]:
         v = self.value
