@@ -11,7 +11,9 @@ The specialization key is what decides which binary Triton would pick: the curre
 loaded per device), each tensor's dtype and whether its address is 16-byte aligned (Triton specializes
 pointers on that), every other argument's exact value (Triton specializes integers on ==1, divisibility
 by 16 and width; keying on the value is stricter), and the launch meta (block sizes, warps). A launch hook (a profiler such as proton) or an unknown calling
-convention sends every launch through the JIT, as before.
+convention sends every launch through the JIT, as before. (Until session 6 every launch did: Triton >= 3.4
+keeps an empty HookChain where older versions kept None, and that read as "a hook is set". Measured on an
+H100, Triton 3.6: 12.8 us per JIT launch.)
 """
 from __future__ import annotations
 
@@ -26,6 +28,15 @@ def _knobs_runtime():
         return knobs.runtime
     except (ImportError, AttributeError):      # Triton before knobs: no launch hooks to honour here
         return None
+
+
+def _hooked(hook) -> bool:
+    """Is a launch hook set? Triton >= 3.4 keeps each hook as a HookChain that is always there and holds a
+    list of callables (empty unless a profiler registered one); older Triton keeps None or a callable."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
 
 
 def _device_and_stream():
@@ -57,7 +68,8 @@ class Launcher:
         return tuple(key)
 
     def launch(self, grid, args, meta):
-        if not self.enabled or (self._runtime is not None and self._runtime.launch_enter_hook is not None):
+        rt = self._runtime
+        if not self.enabled or (rt is not None and (_hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook))):
             return self.fn[grid](*args, **meta)
         if self._tensor_pos is None:
             self._tensor_pos = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))

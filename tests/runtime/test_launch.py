@@ -86,3 +86,24 @@ def test_another_device_goes_through_the_jit(monkeypatch):
     L[(4,)](x, y, 64, XBLOCK=16)
     L[(4,)](x, y, 64, XBLOCK=16)
     assert [e[0] for e in fn.log] == ["jit", "jit", "fast"]
+
+
+class HookChain:
+    """Triton >= 3.4's launch hooks: always present, a list of callables inside."""
+    def __init__(self, calls=()):
+        self.calls = list(calls)
+
+
+@pytest.mark.parametrize("hooks, fast", [((None, None), True), ((HookChain(), HookChain()), True),
+                                         ((HookChain([print]), HookChain()), False),
+                                         ((HookChain(), HookChain([print])), False), ((print, None), False)])
+def test_launch_hooks_are_honoured_and_empty_hook_chains_are_not_hooks(monkeypatch, hooks, fast):
+    rt = types.SimpleNamespace(launch_enter_hook=hooks[0], launch_exit_hook=hooks[1])
+    monkeypatch.setattr(launch_mod, "_device_and_stream", lambda: (lambda: 0, lambda device: 1234))
+    monkeypatch.setattr(launch_mod, "_knobs_runtime", lambda: rt)
+    fn = FakeJIT()
+    L = Launcher(fn)
+    x, y = torch.randn(64), torch.empty(64)
+    for _ in range(2):
+        L[(4,)](x, y, 64, XBLOCK=16)
+    assert [e[0] for e in fn.log] == (["jit", "fast"] if fast else ["jit", "jit"])
