@@ -48,6 +48,15 @@ class FusedGroup:
         return f"FusedGroup({[n.name for n in self.nodes]}, group={self.group})"
 
 
+# Below this many elements (X * R) a kernel's time is its launch: siblings of this size fuse for launches saved.
+SIBLING_MAX_ELEMENTS = 1 << 16
+
+
+def _small(g: FusedGroup) -> bool:
+    n = hint(g.group[0]) * hint(g.group[1])
+    return n <= SIBLING_MAX_ELEMENTS
+
+
 def _group_of(nodes) -> tuple:
     for n in nodes:
         if n.is_reduction():
@@ -239,7 +248,29 @@ class Fusion:
             self._add(merged)
             index(merged)
             push_pairs(merged)
+        self.fuse_small_siblings()
         return self.ordered()
+
+    def fuse_small_siblings(self) -> None:
+        """Kernels too small to be bound by anything but their launch, with the same (X, R) and one producer
+        in common (the second steps of split reductions of one kernel's partials), share a kernel even
+        though they share no bytes: one launch instead of several. Nearest first, greedily."""
+        if not config.horizontal_fusion:
+            return
+        for p in sorted((g for g in self.groups if g.alive), key=lambda g: g.min_order):
+            if not p.alive:
+                continue
+            kids = sorted((u for u in self.group_users(p) if u.alive and u.is_kernel() and _small(u)),
+                          key=lambda g: g.min_order)
+            acc = kids[0] if kids else None
+            for k in kids[1:]:
+                if acc.alive and k.alive and self.can_fuse(acc, k) is not None:
+                    merged = FusedGroup(acc.nodes + k.nodes)
+                    acc.alive = k.alive = False
+                    self._add(merged)
+                    acc = merged
+                elif not acc.alive:
+                    acc = k
 
     def ordered(self) -> list[FusedGroup]:
         """Live groups in a topological order (by each group's first node where free to choose)."""

@@ -186,6 +186,15 @@ def test_few_very_long_rows(device):
     lowered(lambda a: (a.sum(1), a.mean(1, keepdim=True)), x, rtol=1e-4, atol=1e-4)
 
 
+def test_few_columns_of_many_rows_reduce_in_two_kernels(device):
+    # a LayerNorm weight's gradient: 96 sums along the strided dim of a (4096, 96) matrix. One kernel would
+    # run 96 / XBLOCK programs; split, the first kernel writes (8, 96) partials read along the contiguous dim.
+    # The three sums share their rows, so they fuse into one kernel per step.
+    x, y = torch.randn(4096, 96, device=device), torch.randn(4096, 96, device=device)
+    lowered(lambda a, b: ((a * b).sum(0), (a + b).sum(0), b.sum(0, keepdim=True)), x, y, rtol=1e-4, atol=1e-4)
+    assert ember.metrics.generated_kernel_count == 2
+
+
 def test_single_long_row_all_dims(device):
     x = torch.randn(200, 300, device=device)     # one looped row (a split max takes minutes in the interpreter)
     lowered(lambda a: (a.sum(), a.amax(), a.mean(), a.std(), a.argmax()), x, rtol=1e-4, atol=1e-4)

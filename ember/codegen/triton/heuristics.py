@@ -51,6 +51,8 @@ def launch_config(kernel) -> dict:
     if _reads_rows_contiguously(kernel):
         rblock = min(2048, next_pow2(R))
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8 if rblock >= 1024 else 4}
+    if _reads_across(kernel):
+        return {"XBLOCK": min(32, next_pow2(X)), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
     return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(32, next_pow2(R)), "num_warps": 8}
 
 
@@ -79,6 +81,24 @@ def _reads_rows_contiguously(kernel) -> bool:
     return True
 
 
+def _reads_across(kernel) -> bool:
+    """Does a kernel that reduces along a strided dim also read a 2-D tile that is contiguous along rindex
+    (a channels-first tensor in a channels-last reduction)?
+
+    Such a kernel faulted with "misaligned address" on an H100 (Triton 3.6) at XBLOCK 64, RBLOCK 32,
+    8 warps, and only there: ConvNeXt's LayerNorm weight gradients, reproduced standalone by
+    scripts/triton_misaligned_repro.py (the other configs we time ran and were right). A CUDA fault ends
+    the process, so that config is never tried for these kernels."""
+    from ...schedule.nodes import RINDEX, XINDEX, canonical
+    for n in kernel.nodes:
+        subs = n.flat_vars(kernel.group)
+        for d in n.read_deps:
+            e = sympy.expand(canonical(d.index, subs, kernel.group))
+            if RINDEX in e.free_symbols and XINDEX in e.free_symbols and e.coeff(XINDEX) not in (0, 1):
+                return True
+    return False
+
+
 # Below this many elements a kernel is bound by its launch, not its config: tuning it only costs compiles.
 TUNE_MIN_ELEMENTS = 1 << 20
 
@@ -104,7 +124,8 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
                  if rb <= max(next_pow2(R), 1024)]
     else:
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
-                 for xb, rb, w in ((64, 32, 8), (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8))]
+                 for xb, rb, w in ((64, 32, 8), (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8))
+                 if (xb, rb, w) != (64, 32, 8) or not _reads_across(kernel)]
     return _first_eight(best, cands)
 
 
