@@ -69,9 +69,39 @@ def needs_decomposition(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target in table for n in gm.graph.nodes)
 
 
+def with_traced_device(op, kwargs: dict, val) -> dict:
+    """A factory op's kwargs with the device it was traced on where the graph leaves `device` out: ATen
+    would read None as the default device (the CPU), but the node's value says where the tensor is. (An
+    autograd formula's `at::ones({1}, grad.options())` can reach the graph without its device.)"""
+    if kwargs.get("device") is not None or not isinstance(val, torch.Tensor) or not _takes_device(op):
+        return kwargs
+    return {**kwargs, "device": val.device}
+
+
+@functools.lru_cache(None)
+def _takes_device(op) -> bool:
+    return any(a.name == "device" and a.kwarg_only for a in op._schema.arguments)
+
+
+def pin_factory_devices(gm: torch.fx.GraphModule) -> None:
+    """Give every factory node that leaves `device` out the device of its traced value, in place: the
+    re-trace below runs the graph, and a CPU `ones` next to CUDA tensors would fail there (seen with
+    cumprod's backward on torch 2.11)."""
+    changed = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            kwargs = with_traced_device(n.target, dict(n.kwargs), n.meta.get("val"))
+            if kwargs.keys() != n.kwargs.keys():
+                n.kwargs = kwargs
+                changed = True
+    if changed:
+        gm.recompile()
+
+
 def decompose(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
     if not needs_decomposition(gm):
         return gm
+    pin_factory_devices(gm)
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -6,7 +6,6 @@ order), `graph_inputs`, `outputs`, and the symbols the wrapper must bind from in
 """
 from __future__ import annotations
 
-import functools
 import operator
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 import torch.fx
 
 from .. import config, state
+from ..graph.decompose import with_traced_device
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
@@ -337,20 +337,6 @@ def _is_non_overlapping(t: torch.Tensor) -> bool:
             return False
         reach = st * n
     return True
-
-
-def with_traced_device(op, kwargs: dict, val) -> dict:
-    """A factory op's kwargs with the device it was traced on where the graph leaves `device` out: ATen
-    would read None as the default device (the CPU), but the node's value says where the tensor is. (An
-    autograd formula's `at::ones({1}, grad.options())` can reach the graph without its device.)"""
-    if kwargs.get("device") is not None or not isinstance(val, torch.Tensor) or not _takes_device(op):
-        return kwargs
-    return {**kwargs, "device": val.device}
-
-
-@functools.lru_cache(None)
-def _takes_device(op) -> bool:
-    return any(a.name == "device" and a.kwarg_only for a in op._schema.arguments)
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

@@ -124,7 +124,7 @@ def test_factory_without_device_is_made_where_it_was_traced(device):
     # autograd formulas (cumprod's backward) can put `ones` in a graph with no device kwarg; its value
     # says where it lives, and ember must not read the missing kwarg as the CPU
     import ember
-    from ember.lowering.graph import with_traced_device
+    from ember.graph.decompose import with_traced_device
     from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
     meta = torch.empty(2, device="meta")
