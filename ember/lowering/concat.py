@@ -19,7 +19,7 @@ from .views import unsqueeze
 
 aten = torch.ops.aten
 
-MAX_POINTWISE_CAT_INPUTS = 4
+MAX_POINTWISE_CAT_INPUTS = 8
 
 
 def _clamped_index(i, lo, size):
@@ -52,8 +52,18 @@ def cat(tensors, dim=0):
         t = tensors[0]
         loader = t.make_loader()
         return TensorBox.pointwise(t.device, dtype, lambda idx: cast(loader(idx), t.dtype, dtype), t.get_size())
-    if len(tensors) > MAX_POINTWISE_CAT_INPUTS or len({t.device for t in tensors}) > 1:
-        raise Unsupported("cat of many inputs")
+    if len({t.device for t in tensors}) > 1:
+        raise Unsupported("cat of tensors on several devices")
+    if len(tensors) > MAX_POINTWISE_CAT_INPUTS:
+        # every element of a pointwise cat tests each input's range: past a few inputs, cat groups of
+        # them into buffers first (torch 2.11 traces cumprod's backward with a cat per element)
+        groups = [tensors[i:i + MAX_POINTWISE_CAT_INPUTS] for i in range(0, len(tensors), MAX_POINTWISE_CAT_INPUTS)]
+        tensors = []
+        for g in groups:
+            part = cat(g, dim) if len(g) > 1 else g[0]
+            part.realize()
+            tensors.append(part)
+        return cat(tensors, dim)
     offsets, total = [], sympy.Integer(0)
     for t in tensors:
         offsets.append(total)

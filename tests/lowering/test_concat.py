@@ -36,10 +36,15 @@ def test_stack(device):
     _no_fallbacks()
 
 
-def test_many_inputs_use_aten(device):
-    xs = [torch.randn(2, 3, device=device) for _ in range(6)]
-    check(lambda *a: torch.cat([t * 2 for t in a], 0), *xs)
-    assert ember.metrics.fallbacks["aten.cat.default"] == 1
+def test_many_inputs_cat_in_groups(device):
+    # past MAX_POINTWISE_CAT_INPUTS inputs, groups of them are cat into buffers, then those are cat: still
+    # ember's kernels (torch 2.11 traces cumprod's backward with cats of one input per element)
+    xs = [torch.randn(2, 1 + i % 3, device=device, requires_grad=True) for i in range(19)]
+    check(lambda *a: torch.cat([t * (i + 1) for i, t in enumerate(a)], 1).sin(), *xs, grad=True)
+    _no_fallbacks()
+    ints = [torch.randint(-5, 5, (3, 2), device=device) for _ in range(10)]
+    check(lambda *a: torch.cat(list(a[:9]) + [a[9].float() * 0.5], 0), *ints)      # promotes across groups
+    _no_fallbacks()
 
 
 @pytest.mark.parametrize("pad", [(1, 2), (1, 2, 3, 0), (-1, -1, 0, 0), (2, -1, 0, 1)])
