@@ -323,7 +323,8 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         producer to consumer, plus the bytes both read) whenever `can_fuse` allows it: same device, iteration
         spaces that fit one kernel (equal, or a pointwise node that splits into the reduction's rows), no
         cycle through a third group, and every shared buffer accessed at the same element by both. It repeats
-        to a fixpoint, then orders the groups.
+        to a fixpoint; then launch-bound kernels of equal shape that read one producer's outputs (the second
+        steps of split reductions) share a kernel (`fuse_small_siblings`), and the groups are ordered.
 
         The groups (`ir_post_fusion.txt`):
         """,

@@ -112,9 +112,10 @@ def _split_count(ranges, rranges, reduction_type) -> int:
     return split
 
 
-def _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim):
-    """Partials laid out (split, *kept): the first kernel's consecutive rows are consecutive kept
-    positions, so a reduction along a strided dim still reads along the contiguous one."""
+def _split_partials(x, kept, dims, split, reduction_type, dtype, src_dtype, output_index=None):
+    """The first step of a split reduction, realized: partials laid out (split, *kept), so the first
+    kernel's consecutive rows are consecutive kept positions and a reduction along a strided dim still
+    reads along the contiguous one."""
     size = x.get_size()
     rsizes = [size[i] for i in dims]
     chunk = product(rsizes) / split
@@ -131,10 +132,39 @@ def _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdi
         return cast(loader(full), xdtype, src_dtype)
 
     ranges = [sympy.Integer(split)] + [size[i] for i in kept]
-    partial = TensorBox(Reduction(x.device, dtype, inner_fn, ranges, [chunk], reduction_type, src_dtype))
+    partial = TensorBox(Reduction(x.device, dtype, inner_fn, ranges, [chunk], reduction_type, src_dtype,
+                                  output_index))
     partial.realize()
+    return partial
+
+
+def _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim):
+    partial = _split_partials(x, kept, dims, split, reduction_type, dtype, src_dtype)
     out = reduce(partial, [0], reduction_type, dtype, src_dtype=dtype, keepdim=False)
     return _unsqueeze_all(out, dims) if keepdim else out
+
+
+def _split_welford(x, kept, dims, split, acc, keepdim):
+    """(mean, m2, count) from the Welford statistics of `split` equal chunks of each row, combined as
+    Chan et al. do for equal weights: mean = mean of the chunk means, m2 = sum of the chunk m2s plus
+    chunk * sum of (chunk mean - mean)^2. A BatchNorm's statistics over N*H*W for few channels are the
+    reduction this is for."""
+    size = x.get_size()
+    count = product(size[i] for i in dims)
+    chunk = float(count / split)
+    mean_c = _split_partials(x, kept, dims, split, "welford", acc, acc, output_index=0)
+    m2_c = _split_partials(x, kept, dims, split, "welford", acc, acc, output_index=1)
+    total = reduce(mean_c, [0], "sum", acc, src_dtype=acc)
+    mean_ = pointwise(lambda t: ops.truediv(t, ops.constant(float(split), acc)), total, compute_dtype=acc)
+
+    def spread(m2, mc, m):
+        d = ops.sub(mc, m)
+        return ops.add(m2, ops.mul(ops.constant(chunk, acc), ops.mul(d, d)))
+    m2 = reduce(pointwise(spread, m2_c, mean_c, unsqueeze(mean_, 0), compute_dtype=acc), [0], "sum", acc,
+                src_dtype=acc)
+    weight = pointwise(lambda t: ops.constant(float(count), acc), mean_, compute_dtype=acc)
+    outs = [mean_, m2, weight]
+    return [_unsqueeze_all(o, dims) for o in outs] if keepdim else outs
 
 
 def _unsqueeze_all(box, dims):
@@ -251,6 +281,13 @@ def all_(x, dim=None, keepdim=False):
 def welford(x, dims, keepdim):
     """(mean, m2, count) of x over dims, in float32 for narrow floats."""
     acc = _acc_dtype(x.dtype)
+    if x.dim():
+        rdims = _dims(x, dims)
+        size = x.get_size()
+        kept = [i for i in range(len(size)) if i not in rdims]
+        split = _split_count([size[i] for i in kept], [size[i] for i in rdims], "sum")
+        if split > 1:
+            return _split_welford(x, kept, rdims, split, acc, keepdim)
     outs = [reduce(x, dims, "welford", acc, src_dtype=acc, keepdim=keepdim, output_index=i) for i in range(3)]
     return outs
 

@@ -3,6 +3,7 @@ dims, all dims, keepdim, negative dims, non-contiguous inputs, long (looped) row
 inputs, NaNs and ties."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import ember
 from ember.testing import check, lowered
@@ -193,6 +194,19 @@ def test_few_columns_of_many_rows_reduce_in_two_kernels(device):
     x, y = torch.randn(4096, 96, device=device), torch.randn(4096, 96, device=device)
     lowered(lambda a, b: ((a * b).sum(0), (a + b).sum(0), b.sum(0, keepdim=True)), x, y, rtol=1e-4, atol=1e-4)
     assert ember.metrics.generated_kernel_count == 2
+
+
+def test_variance_of_few_long_rows_combines_chunk_statistics(device):
+    # a BatchNorm's statistics over N*H*W for 8 channels: Welford over chunks of each row, then the chunk
+    # means and m2s combined (reductions._split_welford); a nan still gives nan. (No inf: eager's own mean
+    # of a row holding an inf is inf or nan depending on where its vectorized Welford meets it.)
+    y = torch.randn(32, 8, 32, 32, device=device) * 3 + 5
+    y[7, 5, 1, 1] = float("nan")
+    lowered(lambda a: (torch.var_mean(a, [0, 2, 3], keepdim=True), a.std(), torch.var_mean(a[:, :2], [0, 2, 3])),
+            y, rtol=1e-4, atol=1e-4)
+    w, b = torch.randn(8, device=device), torch.randn(8, device=device)
+    lowered(lambda a, w, b: F.batch_norm(a * 2 + 1, None, None, w, b, training=True),
+            torch.randn(32, 8, 32, 32, device=device), w, b, grad=True, rtol=1e-4, atol=1e-4)
 
 
 def test_single_long_row_all_dims(device):
