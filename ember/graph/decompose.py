@@ -84,9 +84,9 @@ def _takes_device(op) -> bool:
 
 
 def pin_factory_devices(gm: torch.fx.GraphModule) -> None:
-    """Give every factory node that leaves `device` out the device of its traced value, in place: the
-    re-trace below runs the graph, and a CPU `ones` next to CUDA tensors would fail there (seen with
-    cumprod's backward on torch 2.11)."""
+    """Give every factory node that leaves `device` out the device of its traced value, in place, before
+    anything runs or lowers the graph: the decomposition re-trace runs it, and a CPU `ones` next to CUDA
+    tensors fails there (seen with cumprod's backward on torch 2.11); lowering reads the kwargs too."""
     changed = False
     for n in gm.graph.nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
@@ -101,7 +101,6 @@ def pin_factory_devices(gm: torch.fx.GraphModule) -> None:
 def decompose(gm: torch.fx.GraphModule, example_inputs) -> torch.fx.GraphModule:
     if not needs_decomposition(gm):
         return gm
-    pin_factory_devices(gm)
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 

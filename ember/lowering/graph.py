@@ -14,7 +14,6 @@ import torch
 import torch.fx
 
 from .. import config, state
-from ..graph.decompose import with_traced_device
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
@@ -195,7 +194,6 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(target, torch._ops.OpOverload):
             lowering = get_lowering(target)
             if lowering is not None and not _has_complex(self.current_node):
-                kwargs = with_traced_device(target, kwargs, self.current_node.meta.get("val"))
                 try:
                     return lowering(*args, **kwargs)
                 except Unsupported:

@@ -30,12 +30,17 @@ def _dims(x, dims):
     return sorted({(d + n if d < 0 else d) if n else 0 for d in dims})
 
 
+def _reduced_and_kept(x, dims):
+    """(reduced dims, kept dims) of reducing x over dims, each sorted."""
+    dims = _dims(x, dims) if x.dim() else []
+    return dims, [i for i in range(x.dim()) if i not in dims]
+
+
 def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtype=None,
            keepdim=False, output_index=None) -> TensorBox:
     """Reduce x over dims. The values are cast to src_dtype before reducing; dtype is the result's."""
-    dims = _dims(x, dims) if x.dim() else []
+    dims, kept = _reduced_and_kept(x, dims)
     size = x.get_size()
-    kept = [i for i in range(len(size)) if i not in dims]
     ranges = [size[i] for i in kept]
     rranges = [size[i] for i in dims]
     loader, xdtype = x.make_loader(), x.dtype
@@ -281,13 +286,11 @@ def all_(x, dim=None, keepdim=False):
 def welford(x, dims, keepdim):
     """(mean, m2, count) of x over dims, in float32 for narrow floats."""
     acc = _acc_dtype(x.dtype)
-    if x.dim():
-        rdims = _dims(x, dims)
-        size = x.get_size()
-        kept = [i for i in range(len(size)) if i not in rdims]
-        split = _split_count([size[i] for i in kept], [size[i] for i in rdims], "sum")
-        if split > 1:
-            return _split_welford(x, kept, rdims, split, acc, keepdim)
+    rdims, kept = _reduced_and_kept(x, dims)
+    size = x.get_size()
+    split = _split_count([size[i] for i in kept], [size[i] for i in rdims], "sum")
+    if split > 1:
+        return _split_welford(x, kept, rdims, split, acc, keepdim)
     outs = [reduce(x, dims, "welford", acc, src_dtype=acc, keepdim=keepdim, output_index=i) for i in range(3)]
     return outs
 

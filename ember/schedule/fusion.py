@@ -262,15 +262,12 @@ class Fusion:
                 continue
             kids = sorted((u for u in self.group_users(p) if u.alive and u.is_kernel() and _small(u)),
                           key=lambda g: g.min_order)
-            acc = kids[0] if kids else None
             for k in kids[1:]:
-                if acc.alive and k.alive and self.can_fuse(acc, k) is not None:
-                    merged = FusedGroup(acc.nodes + k.nodes)
-                    acc.alive = k.alive = False
+                if self.can_fuse(kids[0], k) is not None:
+                    merged = FusedGroup(kids[0].nodes + k.nodes)
+                    kids[0].alive = k.alive = False
                     self._add(merged)
-                    acc = merged
-                elif not acc.alive:
-                    acc = k
+                    kids[0] = merged
 
     def ordered(self) -> list[FusedGroup]:
         """Live groups in a topological order (by each group's first node where free to choose)."""
