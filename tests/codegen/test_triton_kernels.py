@@ -63,7 +63,8 @@ def _reduce_launch(fn, *args):
         out = compiled(list(args))
     for o, r in zip(out, fn(*args)):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
-    return re.findall(r"XBLOCK=(\d+), RBLOCK=(\d+), num_warps=(\d+)", compiled.source)
+    # both wrappers' renderings: "XBLOCK=32, ..." (Python) and "XBLOCK = 32, ..." (FX)
+    return re.findall(r"XBLOCK ?= ?(\d+), RBLOCK ?= ?(\d+), num_warps ?= ?(\d+)", compiled.source)
 
 
 def test_a_strided_reduction_reading_a_transposed_tile_avoids_the_faulting_config(device):

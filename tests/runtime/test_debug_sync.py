@@ -18,7 +18,7 @@ def test_debug_sync_names_each_call_and_keeps_results(device):
         compiled = ember.compile_graph(gm, [x, w])
         out = compiled([x, w])
     torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, _fn(x, w), rtol=1e-4, atol=1e-4)
-    syncs = [ln.strip() for ln in compiled.source.splitlines() if ln.strip().startswith("debug_sync(")]
+    syncs = [ln for ln in compiled.source.splitlines() if "debug_sync(" in ln]     # either wrapper's rendering
     assert any("mm" in s for s in syncs), compiled.source       # the extern call is named
     assert any("kernel" in s for s in syncs), compiled.source   # and so is a generated kernel
 

@@ -33,11 +33,15 @@ import torch
 import torch.fx
 from torch.fx.node import has_side_effect
 
+from ... import config
 from ...runtime.loader import load_triton_kernels
 from ..kernel import print_index
 from ...runtime import checks
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
-                    Reuse, SymbolDef, View, WrapperProgram)
+                    Reuse, SymbolDef, View, WrapperProgram, device_call_label)
+
+
+debug_sync = has_side_effect(checks.debug_sync)
 
 
 @has_side_effect
@@ -89,6 +93,9 @@ class FxRenderer:
             if handler is None:
                 raise TypeError(f"no FX rendering for {type(ln).__name__}")
             handler(self, ln)
+            label = device_call_label(ln) if config.debug_sync else None
+            if label is not None:
+                self.graph.call_function(debug_sync, (label,))
         self.graph.lint()
         gm = torch.fx.GraphModule(self.attrs, self.graph, class_name="EmberWrapper")
         return gm

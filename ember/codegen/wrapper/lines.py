@@ -74,6 +74,16 @@ class CallExtern:
     kwargs: dict
 
 
+def device_call_label(ln) -> Optional[str]:
+    """How config.debug_sync names a line that runs work on the device (None for any other line)."""
+    if isinstance(ln, CallKernel):
+        return ln.name
+    if isinstance(ln, CallExtern):
+        op = str(getattr(ln.op, "__name__", ln.op))
+        return f"{ln.name} = {op}" if ln.name else op
+    return None
+
+
 @dataclasses.dataclass
 class MultiOutputLine:
     name: str

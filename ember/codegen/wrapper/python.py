@@ -11,7 +11,7 @@ from ...runtime.checks import check_layout, conform_layout, debug_sync
 from ...runtime.loader import load_module, load_triton_kernels
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
-                    Reuse, SymbolDef, View, WrapperProgram)
+                    Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
 class PythonWrapper:
@@ -66,15 +66,11 @@ class PythonWrapper:
         body.append("args.clear()")
         for line in p.lines:
             body.extend(self.line(line))
-            if config.debug_sync and isinstance(line, (CallKernel, CallExtern)):
-                body.append(f"debug_sync({self._what(line)!r})")
+            label = device_call_label(line) if config.debug_sync else None
+            if label is not None:
+                body.append(f"debug_sync({label!r})")
         out += ["    " + ln for ln in body]
         return "\n".join(out) + "\n"
-
-    def _what(self, ln) -> str:
-        if isinstance(ln, CallKernel):
-            return ln.name
-        return f"{ln.name} = {getattr(ln.op, '__name__', ln.op)}" if ln.name else str(getattr(ln.op, "__name__", ln.op))
 
     def line(self, ln) -> list[str]:
         v = self.value
