@@ -2,9 +2,13 @@
 wrapper and its kernel launches), eager vs inductor vs ember in one process: a tiny pointwise graph
 called many times with no synchronization in between, so the host is the bottleneck.
 
-    python benchmarks/overhead.py [--device cuda] [--calls 3000] [--profile]
+    python benchmarks/overhead.py [--device cuda] [--calls 3000] [--profile] [--layers]
 
 --profile prints the top functions of ember's calls by own time (cProfile).
+--layers splits the compiled call into its layers, each measured the same way: Dynamo alone (a backend
+that runs the captured graph's ATen ops, as eager does), Dynamo + AOTAutograd (a compiler that runs the
+ATen graph as it is), and ember's compiled graph called directly (its wrapper and launch, no Dynamo nor
+AOTAutograd).
 """
 import argparse
 import cProfile
@@ -42,6 +46,7 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--layers", action="store_true")
     a = ap.parse_args()
     x = torch.randn(1024, device=a.device)
     res = {}
@@ -59,7 +64,23 @@ def main():
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
             print(out.getvalue())
+    if a.layers:
+        res.update(layers(x, a.calls, a.device))
     print(f"host us per call ({a.device}): " + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
+
+
+def layers(x, calls, device) -> dict:
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.proxy_tensor import make_fx
+    out = {}
+    torch._dynamo.reset()
+    out["dynamo+eager"] = per_call_us(torch.compile(graph, backend=lambda gm, ex: gm.forward), x, calls, device)
+    torch._dynamo.reset()
+    nop = aot_autograd(fw_compiler=lambda gm, ex: gm, inference_compiler=lambda gm, ex: gm)
+    out["dynamo+aot+eager"] = per_call_us(torch.compile(graph, backend=nop), x, calls, device)
+    compiled = ember.compile_graph(make_fx(graph)(x), [x])
+    out["ember wrapper alone"] = per_call_us(lambda t: compiled([t]), x, calls, device)
+    return out
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
 
 
 def _compile(gm, example_inputs, kind) -> CompiledGraph:
+    from .codegen.backends import guard_current_device
     from .codegen.program import ProgramBuilder
     from .codegen.wrapper.python import compile_python
     from .graph import decompose as decomp
@@ -132,6 +133,7 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
         fn, source = compile_fx(program)
     else:
         fn, source = compile_python(program)
+    fn = guard_current_device(fn, program)
     dump.write("wrapper.py", source)
     for ext, backends in (("py", ("triton", "triton-interpret")), ("cpp", ("cpp",))):
         sources = [k.source for k in program.kernels() if k.backend in backends]

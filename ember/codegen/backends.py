@@ -44,13 +44,14 @@ class TritonBackend:
         tuning = self._tuning(k, meta)
         warm = self._warm(graph, args, tuning.configs if tuning else [meta])
         if tuning:
-            return GeneratedKernel(DefineKernel(name, source, self.name, tuning, warm),
+            return GeneratedKernel(DefineKernel(name, source, self.name, tuning, warm, group.device()),
                                    CallKernel(name, args, None, {}), stored, source)
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
         if k.tiled:
             grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
-        return GeneratedKernel(DefineKernel(name, source, self.name, None, warm), CallKernel(name, args, grid, meta),
+        return GeneratedKernel(DefineKernel(name, source, self.name, None, warm, group.device()),
+                               CallKernel(name, args, grid, meta),
                                stored, source)
 
     def _warm(self, graph, args, configs):
@@ -98,6 +99,24 @@ def reads_rows_online(device: torch.device) -> bool:
     stays in cache between its passes and softmax keeps exp(x - max) in a row buffer from the sum's
     pass for the division (an online sum would compute exp twice)."""
     return device.type != "cpu" or config.cpu_backend == "triton"
+
+
+def guard_current_device(fn, program):
+    """`fn`, made to run with its kernels' GPU as the current device. Triton launches on the current
+    device (its stream, the binary loaded there), not on the device of the tensors it is given: a graph on
+    cuda:1 called while cuda:0 is current would run its kernels on cuda:0 with pointers into cuda:1."""
+    gpus = {k.device for k in program.kernels() if k.backend == "triton" and k.device is not None}
+    if len(gpus) != 1 or next(iter(gpus)).index is None:
+        # no GPU kernel (ATen calls follow their tensors' device themselves), "the current device", or
+        # kernels on several GPUs in one graph (not guarded: each launch would need its own)
+        return fn
+    index = next(iter(gpus)).index
+    guard = torch.cuda._DeviceGuard
+
+    def on_its_device(args):
+        with guard(index):
+            return fn(args)
+    return on_its_device
 
 
 def backend_for(device: torch.device):

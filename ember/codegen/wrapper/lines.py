@@ -56,6 +56,7 @@ class DefineKernel:
     # reduction over a symbolic row: RBLOCK follows the row's length)
     tuning: Optional[KernelTuning] = None
     warm: Optional[WarmSpec] = None         # how it will be launched, to compile it ahead (GPU only)
+    device: Optional[torch.device] = None   # where it runs (Triton on a GPU launches on the current device)
 
 
 @dataclasses.dataclass
