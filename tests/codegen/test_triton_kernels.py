@@ -74,3 +74,25 @@ def test_a_strided_reduction_reading_a_transposed_tile_avoids_the_faulting_confi
     a, b = torch.randn(512, 96, device=device), torch.randn(96, 512, device=device)
     assert _reduce_launch(lambda a, b: ((a * b.t()).sum(0),), a, b) == [("32", "64", "4")]
     assert _reduce_launch(lambda a: (a.sum(0),), a) == [("64", "32", "8")]
+
+
+def _launch_blocks(fn, *args):
+    with ember.config.patch(cpu_backend="triton", autotune=False):
+        compiled = ember.compile_graph(make_fx(fn)(*args), list(args))
+        out = compiled(list(args))
+    for o, r in zip(out, fn(*args)):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+    return [(int(x), int(r)) for x, r in re.findall(r"XBLOCK ?= ?(\d+), RBLOCK ?= ?(\d+)", compiled.source)]
+
+
+def test_a_column_reduction_holds_whole_rows_only_while_its_block_stays_small(device):
+    """A reduction along a strided dim takes 32 columns per program (coalesced loads): holding 4096-long
+    rows whole would be a 32 x 4096 block, 256 values per thread at 16 warps (spilled registers), so it
+    loops over the rows instead; rows of 512 still fit (heuristics.PERSISTENT_COLUMN_BLOCK_MAX)."""
+    long_rows = torch.randn(4096, 32, device=device)
+    (xb, rb), = _launch_blocks(lambda a: (a.sum(0),), long_rows)
+    assert xb * rb <= 16384 and rb < 4096
+    short_rows = torch.randn(512, 32, device=device)
+    assert _launch_blocks(lambda a: (a.sum(0), a.amax(0)), short_rows) == [(32, 512)]
+    rows = torch.randn(32, 4096, device=device)                 # contiguous rows: one whole row per program
+    assert _launch_blocks(lambda a: (a.sum(1),), rows) == [(1, 4096)]

@@ -14,6 +14,19 @@ from ...ir.symbolic import hint
 PERSISTENT_SCAN_MAX = 1024
 # elements of one program's block in a persistent scan
 SCAN_BLOCK_MAX = 8192
+# elements of one program's block in a persistent reduction along a strided dim: such a block is at least 32
+# columns wide (coalesced loads), so it holds 32 whole rows; at 16 warps this is 32 values per thread, and
+# longer rows (32 x 16384 was possible) would spill registers
+PERSISTENT_COLUMN_BLOCK_MAX = 16384
+
+
+def persistent_row_limit(kernel, limit: int) -> int:
+    """The longest row `kernel` may hold whole in registers: `limit` (config.persistent_reduction_max) when
+    its loads walk rows contiguously (a row per program), less when it reduces along a strided dim."""
+    if _reads_rows_contiguously(kernel):
+        return limit
+    columns = min(32, next_pow2(max(1, hint(kernel.X))))
+    return min(limit, max(1, PERSISTENT_COLUMN_BLOCK_MAX // columns))
 
 
 def next_pow2(n: int) -> int:

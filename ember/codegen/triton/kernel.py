@@ -44,9 +44,13 @@ class TritonKernel(MathOps, SectionedKernel):
         self.X, self.R = X, R
         self.has_rdim = R != 1
         self.has_scan = any(n.is_scan() for n in self.nodes)
-        limit = heuristics.PERSISTENT_SCAN_MAX if self.has_scan else config.persistent_reduction_max
         # a symbolic row is held whole when its example size is short, under a guard that it stays so
-        self.persistent = self.tiled or (self.has_rdim and guard_le(R, limit))
+        if self.tiled or not self.has_rdim:
+            self.persistent = self.tiled
+        else:
+            limit = heuristics.PERSISTENT_SCAN_MAX if self.has_scan else \
+                heuristics.persistent_row_limit(self, config.persistent_reduction_max)
+            self.persistent = guard_le(R, limit)
         # ... and then RBLOCK is chosen at launch, from the row's length
         self.rblock_at_launch = self.persistent and not self.tiled and not is_static(R)
         self.sections: list[Section] = []
