@@ -96,3 +96,13 @@ def test_a_column_reduction_holds_whole_rows_only_while_its_block_stays_small(de
     assert _launch_blocks(lambda a: (a.sum(0), a.amax(0)), short_rows) == [(32, 512)]
     rows = torch.randn(32, 4096, device=device)                 # contiguous rows: one whole row per program
     assert _launch_blocks(lambda a: (a.sum(1),), rows) == [(1, 4096)]
+
+
+def test_a_symbolic_column_row_keeps_one_compile_and_narrows_its_block():
+    """A symbolic row stays persistent up to config.persistent_reduction_max (one compile serves every
+    length under the guard); at launch a long column row takes fewer columns per program instead."""
+    from ember.codegen.triton.heuristics import persistent_config
+    for rblock in (512, 4096, 16384):
+        cfg = persistent_config(64, rblock, contiguous=False, scan=False)
+        assert cfg["XBLOCK"] * cfg["RBLOCK"] <= 16384 and cfg["RBLOCK"] == rblock
+    assert persistent_config(64, 256, contiguous=False, scan=False)["XBLOCK"] == 32     # short rows: coalesced

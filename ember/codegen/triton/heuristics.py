@@ -6,7 +6,7 @@ import dataclasses
 
 import sympy
 
-from ...ir.symbolic import hint
+from ...ir.symbolic import hint, is_static
 
 
 # Scans whose scanned dim fits this many elements hold it whole (one tl.associative_scan per row); longer
@@ -22,8 +22,10 @@ PERSISTENT_COLUMN_BLOCK_MAX = 16384
 
 def persistent_row_limit(kernel, limit: int) -> int:
     """The longest row `kernel` may hold whole in registers: `limit` (config.persistent_reduction_max) when
-    its loads walk rows contiguously (a row per program), less when it reduces along a strided dim."""
-    if _reads_rows_contiguously(kernel):
+    its loads walk rows contiguously (a row per program), less when it reduces along a static strided dim.
+    A symbolic row keeps `limit`, so one compile serves every length up to it (a guard): at launch its
+    block takes fewer columns instead (persistent_config)."""
+    if not is_static(kernel.R) or _reads_rows_contiguously(kernel):
         return limit
     columns = min(32, next_pow2(max(1, hint(kernel.X))))
     return min(limit, max(1, PERSISTENT_COLUMN_BLOCK_MAX // columns))
@@ -74,6 +76,8 @@ def persistent_config(X: int, rblock: int, contiguous: bool, scan: bool) -> dict
     xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
     if not contiguous:
         xblock = max(xblock, min(32, next_pow2(X)))
+        # a symbolic column row longer than kernel.py's static cap: fewer columns, not spilled registers
+        xblock = min(xblock, max(1, PERSISTENT_COLUMN_BLOCK_MAX // rblock))
     if scan:
         xblock = min(xblock, max(1, SCAN_BLOCK_MAX // rblock))
     n = xblock * rblock
