@@ -105,12 +105,12 @@ def guard_current_device(fn, program):
     """`fn`, made to run with its kernels' GPU as the current device. Triton launches on the current
     device (its stream, the binary loaded there), not on the device of the tensors it is given: a graph on
     cuda:1 called while cuda:0 is current would run its kernels on cuda:0 with pointers into cuda:1."""
-    gpus = {k.device for k in program.kernels() if k.backend == "triton" and k.device is not None}
-    if len(gpus) != 1 or next(iter(gpus)).index is None:
+    indices = {k.device.index for k in program.kernels() if k.backend == "triton" and k.device is not None}
+    if len(indices) != 1 or None in indices:
         # no GPU kernel (ATen calls follow their tensors' device themselves), "the current device", or
         # kernels on several GPUs in one graph (not guarded: each launch would need its own)
         return fn
-    index = next(iter(gpus)).index
+    index, = indices
     guard = torch.cuda._DeviceGuard
 
     def on_its_device(args):

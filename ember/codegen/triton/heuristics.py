@@ -27,12 +27,17 @@ def persistent_row_limit(kernel, limit: int) -> int:
     block takes fewer columns instead (persistent_config)."""
     if not is_static(kernel.R) or _reads_rows_contiguously(kernel):
         return limit
-    columns = min(32, next_pow2(max(1, hint(kernel.X))))
-    return min(limit, max(1, PERSISTENT_COLUMN_BLOCK_MAX // columns))
+    return min(limit, max(1, PERSISTENT_COLUMN_BLOCK_MAX // _columns(max(1, hint(kernel.X)))))
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _columns(X: int) -> int:
+    """Columns a block of a reduction along a strided dim takes: 32 (128 coalesced bytes of float32), or
+    all of them when there are fewer."""
+    return min(32, next_pow2(X))
 
 
 def needs_int64(nodes, graph) -> bool:
@@ -67,7 +72,7 @@ def launch_config(kernel) -> dict:
         rblock = min(2048, next_pow2(R))
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8 if rblock >= 1024 else 4}
     if _reads_across(kernel):
-        return {"XBLOCK": min(32, next_pow2(X)), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
+        return {"XBLOCK": _columns(X), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
     return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(32, next_pow2(R)), "num_warps": 8}
 
 
@@ -75,7 +80,7 @@ def persistent_config(X: int, rblock: int, contiguous: bool, scan: bool) -> dict
     """Whole rows in registers (RBLOCK >= the row): several short rows per program, one long row per program."""
     xblock = max(1, min(next_pow2(X), 4096 // rblock, 64))
     if not contiguous:
-        xblock = max(xblock, min(32, next_pow2(X)))
+        xblock = max(xblock, _columns(X))
         # a symbolic column row longer than kernel.py's static cap: fewer columns, not spilled registers
         xblock = min(xblock, max(1, PERSISTENT_COLUMN_BLOCK_MAX // rblock))
     if scan:
@@ -85,16 +90,24 @@ def persistent_config(X: int, rblock: int, contiguous: bool, scan: bool) -> dict
     return {"XBLOCK": xblock, "RBLOCK": rblock, "num_warps": warps}
 
 
+def _read_indices(kernel) -> list:
+    """Each load's index in the kernel's (xindex, rindex) terms, expanded; worked out once per kernel (the
+    heuristics below ask several times while a kernel is generated and tuned)."""
+    cached = kernel.__dict__.get("_heuristics_read_indices")
+    if cached is None:
+        from ...schedule.nodes import canonical
+        cached = [sympy.expand(canonical(d.index, n.flat_vars(kernel.group), kernel.group))
+                  for n in kernel.nodes for d in n.read_deps]
+        kernel.__dict__["_heuristics_read_indices"] = cached
+    return cached
+
+
 def _reads_rows_contiguously(kernel) -> bool:
     """Do the kernel's loads walk memory along rindex (stride 1)? Then rows go one per program."""
-    from ...schedule.nodes import RINDEX, canonical
-    for n in kernel.nodes:
-        subs = n.flat_vars(kernel.group)
-        for d in n.read_deps:
-            e = canonical(d.index, subs, kernel.group)
-            if RINDEX in e.free_symbols:
-                coeff = sympy.expand(e).coeff(RINDEX)
-                return coeff == 1
+    from ...schedule.nodes import RINDEX
+    for e in _read_indices(kernel):
+        if RINDEX in e.free_symbols:
+            return e.coeff(RINDEX) == 1
     return True
 
 
@@ -106,14 +119,9 @@ def _reads_across(kernel) -> bool:
     8 warps, and only there: ConvNeXt's LayerNorm weight gradients, reproduced standalone by
     scripts/triton_misaligned_repro.py (the other configs we time ran and were right). A CUDA fault ends
     the process, so that config is never tried for these kernels."""
-    from ...schedule.nodes import RINDEX, XINDEX, canonical
-    for n in kernel.nodes:
-        subs = n.flat_vars(kernel.group)
-        for d in n.read_deps:
-            e = sympy.expand(canonical(d.index, subs, kernel.group))
-            if RINDEX in e.free_symbols and XINDEX in e.free_symbols and e.coeff(XINDEX) not in (0, 1):
-                return True
-    return False
+    from ...schedule.nodes import RINDEX, XINDEX
+    return any(RINDEX in e.free_symbols and XINDEX in e.free_symbols and e.coeff(XINDEX) not in (0, 1)
+               for e in _read_indices(kernel))
 
 
 # Below this many elements a kernel is bound by its launch, not its config: tuning it only costs compiles.

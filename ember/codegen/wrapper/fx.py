@@ -88,12 +88,13 @@ class FxRenderer:
     def render(self) -> torch.fx.GraphModule:
         for name in self.program.inputs:
             self.env[name] = self.graph.placeholder(name)
+        sync = config.debug_sync
         for ln in self.program.lines:
             handler = RENDERERS.get(type(ln))
             if handler is None:
                 raise TypeError(f"no FX rendering for {type(ln).__name__}")
             handler(self, ln)
-            label = device_call_label(ln) if config.debug_sync else None
+            label = device_call_label(ln) if sync else None
             if label is not None:
                 self.graph.call_function(debug_sync, (label,))
         self.graph.lint()

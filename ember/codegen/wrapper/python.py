@@ -64,9 +64,10 @@ class PythonWrapper:
         if p.inputs:
             body.append(f"{', '.join(p.inputs)}{',' if len(p.inputs) == 1 else ''} = args")
         body.append("args.clear()")
+        sync = config.debug_sync
         for line in p.lines:
             body.extend(self.line(line))
-            label = device_call_label(line) if config.debug_sync else None
+            label = device_call_label(line) if sync else None
             if label is not None:
                 body.append(f"debug_sync({label!r})")
         out += ["    " + ln for ln in body]
