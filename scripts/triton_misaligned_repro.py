@@ -43,7 +43,10 @@ def kernel161(in_ptr0, in_ptr1, in_ptr2, in_ptr3, in_ptr4, in_ptr5, out_ptr0, ou
     tl.store(out_ptr2 + (xindex), tmp16, xmask)
 '''
 
-CFGS = [(64, 32, 8), (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8), (8, 64, 4), (16, 16, 4)]
+# the faulting config first, then heuristics.LOOPED_COLUMN_CONFIGS (what ember launches since session 8),
+# then the earlier candidates
+CFGS = [(64, 32, 8), (16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8),
+        (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8), (8, 64, 4), (16, 16, 4)]
 IDX3 = "3136*xindex + 301056*(rindex // 3136) + (rindex % 3136)"
 VARIANTS = {"orig": lambda s: s,
             "xcontig3": lambda s: s.replace(IDX3, "96*rindex + xindex"),

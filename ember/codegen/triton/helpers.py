@@ -18,6 +18,12 @@ def max_nan(a, b):
 
 
 @triton.jit
+def maximum_nan(a, b):
+    # NaN wins, in one instruction on the GPU (max.NaN): for floats only
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def min_nan(a, b):
     return tl.where((a < b) | (a != a), a, b)
 
@@ -90,13 +96,29 @@ def welford_combine(mean_a, m2_a, w_a, mean_b, m2_b, w_b):
 
 
 @triton.jit
-def softmax_stats_combine(m_a, s_a, m_b, s_b):
-    # (max, sum of exp(v - max)) of two parts: each sum rescaled to the common max. An empty part (sum
-    # 0: no element, or only -inf ones) adds nothing, also where both maxima are -inf (exp(nan))
-    m = max_nan(m_a, m_b)
-    e_a = tl.where(s_a == 0.0, 0.0, s_a * tl.exp(m_a - m))
-    e_b = tl.where(s_b == 0.0, 0.0, s_b * tl.exp(m_b - m))
-    return m, e_a + e_b
+def erf_f32(x):
+    # erf of a float32 within ~2 ulp (1.2e-7 absolute), without branches: x * P(x^2) below 0.921875,
+    # else sign(x) * (1 - exp(Q(|x|))), Q fitted to log(erfc) on [0.921875, 3.92] (erf is 1 in float32
+    # beyond). The coefficients are the C++ backend's erf_fast (codegen/cpp/prelude.py). Both halves are
+    # computed and one is selected: on a GPU that beats libdevice's branches (a warp takes both anyway)
+    a = tl.abs(x)
+    t = x * x
+    p = -5.98558050e-04
+    p = p * t + 4.99210926e-03
+    p = p * t + -2.67658588e-02
+    p = p * t + 1.12817943e-01
+    p = p * t + -3.76124918e-01
+    p = p * t + 1.12837911
+    u = tl.where(a > 3.92, 3.92, a) - 0.921875        # NaN stays NaN (tl.minimum would drop it)
+    q = 1.94862470e-04
+    q = q * u + -1.95510266e-03
+    q = q * u + 1.06911166e-02
+    q = q * u + -4.47586179e-02
+    q = q * u + -8.33000958e-01
+    q = q * u + -2.50801182
+    q = q * u + -1.64856195
+    e = tl.exp2(q * 1.4426950408889634)
+    return tl.where(a < 0.921875, x * p, tl.where(x < 0, e - 1.0, 1.0 - e))
 
 
 @triton.jit
