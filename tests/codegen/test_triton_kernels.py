@@ -109,3 +109,35 @@ def test_a_symbolic_column_row_keeps_one_compile_and_narrows_its_block():
         cfg = persistent_config(64, rblock, contiguous=False, scan=False)
         assert cfg["XBLOCK"] * cfg["RBLOCK"] <= 16384 and cfg["RBLOCK"] == rblock
     assert persistent_config(64, 256, contiguous=False, scan=False)["XBLOCK"] == 32     # short rows: coalesced
+
+
+def test_float32_erf_is_accurate_everywhere(device):
+    """helpers.erf_f32 (a branchless polynomial) against float64: within 2.5 float32 ulps of 1 over the
+    range where erf moves, the sign and size kept near 0, and nan / +-inf as eager gives them."""
+    x = torch.cat([torch.linspace(-6, 6, 100_001), torch.randn(10_000) * 1e-3,
+                   torch.tensor([0.0, -0.0, 1e-30, -3e-38, float("inf"), float("-inf"), float("nan")])]).to(device)
+    with ember.config.patch(cpu_backend="triton"):
+        got = torch.compile(torch.erf, backend="ember")(x)
+    ref = torch.erf(x.double())
+    finite = ref.isfinite()
+    assert ((got.double() - ref)[finite].abs() <= 2.5 * 2 ** -24 + 2e-7 * ref[finite].abs()).all()
+    small = x.abs() < 0.5
+    assert ((got.double() - ref)[small].abs() <= 4e-7 * ref[small].abs()).all()      # relative near 0
+    assert got[-1].isnan() and got[-3] == 1 and got[-2] == -1
+
+
+def test_a_large_math_heavy_16bit_pointwise_kernel_takes_16_elements_per_thread(device):
+    """GELU over bf16 launches 4096 elements at 8 warps (heuristics.MATH_HEAVY_MIN_ELEMENTS); the same in
+    float32, or a plain add in bf16, keeps 1024 at 4 warps."""
+    def blocks(fn, *args):
+        with ember.config.patch(cpu_backend="triton", autotune=False):
+            compiled = ember.compile_graph(make_fx(fn)(*args), list(args))
+            out, = compiled(list(args))
+        torch.testing.assert_close(out, fn(*args), rtol=2e-2, atol=2e-2)
+        return re.findall(r"XBLOCK ?= ?(\d+), num_warps ?= ?(\d+)", compiled.source)
+
+    x = torch.randn(2048, 2048, device=device, dtype=torch.bfloat16)
+    b = torch.randn(2048, device=device, dtype=torch.bfloat16)
+    assert blocks(lambda x, b: F.gelu(x + b), x, b) == [("4096", "8")]
+    assert blocks(lambda x, b: F.gelu(x + b), x.float(), b.float()) == [("1024", "4")]
+    assert blocks(lambda x, b: x + b, x, b) == [("1024", "4")]

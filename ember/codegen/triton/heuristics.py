@@ -57,16 +57,24 @@ def needs_int64(nodes, graph) -> bool:
     return False
 
 
-# A large pointwise kernel computing exp, erf, sin, ... is bound by its arithmetic as much as by memory:
-# 16 elements per thread (4096 at 8 warps) ran add+GELU(erf) in bf16 1.1x faster than 8 (1024 at 4 warps)
-# on an H200 (.devbench/kprobe.py, session 8); plain adds stream as fast with either.
+# A large pointwise kernel computing exp, erf, sin, ... on 16-bit floats is bound by its arithmetic as much
+# as by memory: 16 elements per thread (4096 at 8 warps, two 16-byte loads of each input) ran add+GELU(erf)
+# in bf16 1.1x faster than 8 (1024 at 4 warps) on an H200 (.devbench/kprobe.py, session 8). In float32 the
+# same change made sin/cos chains 3% slower (benchmarks/kernels.py chain_f32), and plain adds stream as
+# fast with either.
 MATH_HEAVY_MIN_ELEMENTS = 1 << 22
+
+
+def _widest_element(kernel) -> int:
+    """Bytes of the widest element among the buffers a kernel reads or writes."""
+    sizes = [kernel.graph.get_dtype(buf).itemsize for _, buf in kernel.args.call_order()]
+    return max(sizes, default=4)
 
 
 def launch_config(kernel) -> dict:
     X = max(1, hint(kernel.X))
     if not kernel.has_rdim:
-        if kernel.math_heavy and X >= MATH_HEAVY_MIN_ELEMENTS:
+        if kernel.math_heavy and X >= MATH_HEAVY_MIN_ELEMENTS and _widest_element(kernel) <= 2:
             return {"XBLOCK": 4096, "num_warps": 8}
         xblock = min(1024, next_pow2(X))
         warps = 4 if xblock >= 512 else (2 if xblock >= 128 else 1)
