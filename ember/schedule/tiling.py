@@ -1,5 +1,6 @@
-"""Tiling: a pointwise kernel whose accesses are contiguous along different dimensions (a transpose)
-iterates over 2-D tiles, so that both its loads and its stores walk memory contiguously.
+"""Tiling: a pointwise kernel whose accesses are contiguous along different dimensions (a transpose), or
+all along one dim that is not its last (channels-last buffers in NCHW order), iterates over 2-D tiles, so
+that both its loads and its stores walk memory contiguously.
 
 The tile splits each node's dims at one point: outer dims are the kernel's x axis, inner dims its
 second axis (the same split a reduction kernel uses for rows and row elements)."""
@@ -33,9 +34,17 @@ def choose_tiling(group) -> Optional[tuple]:
             continue
         dims = {_contiguous_dim(d.index, n.ivars) for d in n.read_deps + n.write_deps}
         dims.discard(None)
-        if len(dims) < 2:
+        if not dims:
             continue
-        split = max(dims)                 # inner axis: from the later contiguous dim to the end
+        if len(dims) == 1:
+            # every access is contiguous along one dim that is not the last (channels-last buffers walked
+            # in NCHW order): a flat index would step by the channel count; tiles put that dim on the x
+            # axis, where consecutive programs' lanes read consecutive elements
+            split = dims.pop() + 1
+            if split == len(n.ranges):
+                continue
+        else:
+            split = max(dims)             # inner axis: from the later contiguous dim to the end
         if split == 0:
             continue
         X, R = product(n.ranges[:split]), product(n.ranges[split:])
