@@ -59,7 +59,7 @@ def needs_int64(nodes, graph) -> bool:
 
 # A large pointwise kernel computing exp, erf, sin, ... on 16-bit floats is bound by its arithmetic as much
 # as by memory: 16 elements per thread (4096 at 8 warps, two 16-byte loads of each input) ran add+GELU(erf)
-# in bf16 1.1x faster than 8 (1024 at 4 warps) on an H200 (.devbench/kprobe.py, session 8). In float32 the
+# in bf16 1.1x faster than 8 (1024 at 4 warps) on an H200 (scripts/kernel_variants_probe.py, session 8). In float32 the
 # same change made sin/cos chains 3% slower (benchmarks/kernels.py chain_f32), and plain adds stream as
 # fast with either.
 MATH_HEAVY_MIN_ELEMENTS = 1 << 22
@@ -91,7 +91,7 @@ def launch_config(kernel) -> dict:
 
 
 # Launch configs of a reduction that loops along a strided dim, (columns, rows, warps) per program, best
-# first. Measured on an H200 (session 8, .devbench/colprobe.py: column sums, LayerNorm-style weight
+# first. Measured on an H200 (session 8, scripts/column_reduction_probe.py: column sums, LayerNorm-style weight
 # gradients, column softmax): few columns and many rows per step ran at 50-96% of copy, where the earlier
 # (64, 32, 8) ran at 20-48%: a program per 16 columns keeps 4x more programs in flight, and 4096 elements a
 # step keep each one's loads long enough.
