@@ -2,7 +2,7 @@
 config in its own process (a CUDA fault ends the process that hits it). On an H100 with Triton 3.6 the
 config (XBLOCK 64, RBLOCK 32, 8 warps) faults with "misaligned address"; the others run and match
 torch. Variants: xcontig3 reads in_ptr3 along xindex like the other loads, no_load3 drops it, fp32_load3
-makes it float32. heuristics._reads_across keeps ember off that config; rerun this on a newer Triton to
+makes it float32. heuristics.FAULTING_COLUMN_CONFIG keeps ember off that config; rerun this on a newer Triton to
 see whether the guard can go.
 
     python scripts/triton_misaligned_repro.py          # needs a CUDA GPU

@@ -69,7 +69,7 @@ def _reduce_launch(fn, *args):
 
 def test_a_strided_reduction_reading_a_transposed_tile_avoids_the_faulting_config(device):
     """A reduction along a strided dim that also reads a tile contiguous along rindex faulted on an H100
-    at (XBLOCK 64, RBLOCK 32, 8 warps) (heuristics._reads_across). Looped strided reductions launch with
+    at (XBLOCK 64, RBLOCK 32, 8 warps) (heuristics.FAULTING_COLUMN_CONFIG). Looped strided reductions launch with
     16 columns x 256 rows at 8 warps (heuristics.LOOPED_COLUMN_CONFIGS), and that config is not among the
     candidates the autotuner times for either kind."""
     from ember.codegen.triton import heuristics

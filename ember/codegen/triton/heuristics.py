@@ -96,6 +96,12 @@ def launch_config(kernel) -> dict:
 # (64, 32, 8) ran at 20-48%: a program per 16 columns keeps 4x more programs in flight, and 4096 elements a
 # step keep each one's loads long enough.
 LOOPED_COLUMN_CONFIGS = ((16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8))
+# Never launched for a strided reduction, even where a short row clamps (64, 64, 8) to it: ConvNeXt's
+# LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) faulted
+# with "misaligned address" there on an H100 and an H200 (Triton 3.6), reproduced standalone by
+# scripts/triton_misaligned_repro.py; every other config we time runs and is right. A CUDA fault ends the
+# process, so the autotuner cannot just skip it.
+FAULTING_COLUMN_CONFIG = (64, 32, 8)
 
 
 def _looped_column_config(X: int, R: int, xblock: int, rblock: int, warps: int) -> dict:
@@ -138,19 +144,6 @@ def _reads_rows_contiguously(kernel) -> bool:
     return True
 
 
-def _reads_across(kernel) -> bool:
-    """Does a kernel that reduces along a strided dim also read a 2-D tile that is contiguous along rindex
-    (a channels-first tensor in a channels-last reduction)?
-
-    Such a kernel faulted with "misaligned address" on an H100 (Triton 3.6) at XBLOCK 64, RBLOCK 32,
-    8 warps, and only there: ConvNeXt's LayerNorm weight gradients, reproduced standalone by
-    scripts/triton_misaligned_repro.py (the other configs we time ran and were right). A CUDA fault ends
-    the process, so that config is never tried for these kernels."""
-    from ...schedule.nodes import RINDEX, XINDEX
-    return any(RINDEX in e.free_symbols and XINDEX in e.free_symbols and e.coeff(XINDEX) not in (0, 1)
-               for e in _read_indices(kernel))
-
-
 # Below this many elements a kernel is bound by its launch, not its config: tuning it only costs compiles.
 TUNE_MIN_ELEMENTS = 1 << 20
 
@@ -175,9 +168,8 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
                                    (4, 512, 8))
                  if rb <= max(next_pow2(R), 1024)]
     else:
-        cands = [_looped_column_config(X, R, *c) for c in LOOPED_COLUMN_CONFIGS]
-        if _reads_across(kernel):
-            cands = [c for c in cands if (c["XBLOCK"], c["RBLOCK"], c["num_warps"]) != (64, 32, 8)]
+        cands = [c for c in (_looped_column_config(X, R, *c) for c in LOOPED_COLUMN_CONFIGS)
+                 if (c["XBLOCK"], c["RBLOCK"], c["num_warps"]) != FAULTING_COLUMN_CONFIG]
     return _first_eight(best, cands)
 
 
