@@ -8,8 +8,8 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from . import config
-from .compile_graph import compile_graph
+from . import config, metrics
+from .compile_graph import CompiledGraph, compile_graph
 from .graph.decompose import decomposition_table
 from .graph.passes import joint, pre_grad
 
@@ -19,19 +19,44 @@ def _partition(joint_gm, joint_inputs, **kwargs):
     return min_cut_rematerialization_partition(joint_gm, joint_inputs, **kwargs)
 
 
+class _InferenceCompiler:
+    """AOTAutograd's inference compiler: compile_graph, remembering whether AOTAutograd's runtime wrapper
+    around the result has anything to do (runtime/direct_call.py)."""
+
+    def __init__(self, n_dynamo_inputs: int):
+        self.n_dynamo_inputs = n_dynamo_inputs
+        self.graph = self.dims = None
+
+    def __call__(self, gm, example_inputs):
+        from .runtime.direct_call import dynamic_output_dims, wrapper_is_trivial
+        n_placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        compiled = compile_graph(gm, example_inputs, is_inference=True)
+        ctx = torch._guards.TracingContext.try_get()
+        meta = getattr(ctx, "fw_metadata", None)
+        if isinstance(compiled, CompiledGraph) and wrapper_is_trivial(meta, n_placeholders, self.n_dynamo_inputs) is None:
+            self.graph, self.dims = compiled, dynamic_output_dims(meta)
+        return compiled
+
+
 def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """`torch.compile(model, backend="ember")`."""
     config.validate()
     gm = pre_grad.run(gm)
+    inference = _InferenceCompiler(len(example_inputs))
     compiler = aot_autograd(
         fw_compiler=functools.partial(compile_graph, is_backward=False),
         bw_compiler=functools.partial(compile_graph, is_backward=True),
-        inference_compiler=functools.partial(compile_graph, is_inference=True),
+        inference_compiler=inference,
         partition_fn=_partition,
         decompositions=decomposition_table(),
         keep_inference_input_mutations=True,
     )
-    return compiler(gm, example_inputs)
+    compiled = compiler(gm, example_inputs)
+    if inference.graph is not None and config.direct_inference_call:
+        from .runtime.direct_call import direct
+        metrics.direct_graphs += 1
+        return direct(compiled, inference.graph, inference.dims)
+    return compiled
 
 
 def register() -> None:

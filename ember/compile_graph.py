@@ -28,19 +28,23 @@ class EmberCompileError(RuntimeError):
 
 class CompiledGraph:
     """Boxed callable: call with a list of inputs (the list is emptied), returns a tuple of outputs."""
-    def __init__(self, fn: Callable, source: str, kernel_count: int, gm: torch.fx.GraphModule, kernels: list):
+    def __init__(self, fn: Callable, source: str, kernel_count: int, gm: torch.fx.GraphModule, kernels: list,
+                 calls_aten: bool = True):
         # an instance attribute: wrappers that copy __dict__ (functools.wraps) must see it too
         self._boxed_call = True
         self.fn, self.source, self.kernel_count, self.gm, self.kernels = fn, source, kernel_count, gm, kernels
-        self._checked = False
+        self.checked = False       # the first run succeeded (or failed over to eager): call fn as it is
+        # the wrapper calls ATen ops (fallbacks, matmuls), which grad mode and autocast act on; a graph of
+        # ember's kernels alone runs the same in any mode
+        self.calls_aten = calls_aten
 
     def __call__(self, args):
-        if self._checked:
+        if self.checked:
             return self.fn(args)
         saved = list(args)
         try:
             out = self.fn(args)
-            self._checked = True
+            self.checked = True
             return out
         except Exception as e:
             if not config.fallback_on_error:
@@ -49,7 +53,8 @@ class CompiledGraph:
                   f"running it eagerly from now on")
             metrics.eager_fallbacks += 1
             self.fn = _eager(self.gm)
-            self._checked = True
+            self.calls_aten = True
+            self.checked = True
             return self.fn(saved)
 
 
@@ -143,7 +148,9 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     metrics.generated_kernel_count += builder.kernel_count
     dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"
                               f"kernels: {builder.kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
-    return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels)
+    from .codegen.wrapper.lines import CallExtern
+    calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
+    return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels, calls_aten)
 
 
 def _placeholder_values(gm, example_inputs):

@@ -62,6 +62,9 @@ class Config:
     # Launch a compiled Triton kernel through its own launcher once its specialization has been seen
     # (runtime/launch.py): several us less host time per launch than Triton's JIT path.
     fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FAST_LAUNCH", True))
+    # Call an inference graph without AOTAutograd's runtime wrapper when that wrapper has nothing to do
+    # (runtime/direct_call.py): a third less host time per call of a small graph.
+    direct_inference_call: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DIRECT_CALL", True))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).

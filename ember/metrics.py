@@ -9,15 +9,17 @@ fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times
 buffers_allocated = 0                                      # buffers the wrappers allocate (per compile)
 eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
 in_place_buffers = 0                                       # kernel outputs written over a dying input's memory
+direct_graphs = 0                                          # inference graphs called without AOTAutograd's wrapper
 
 
 def reset() -> None:
-    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers
+    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs
     graphs_compiled = 0
     generated_kernel_count = 0
     buffers_allocated = 0
     eager_fallbacks = 0
     in_place_buffers = 0
+    direct_graphs = 0
     fallbacks.clear()
 
 
@@ -29,4 +31,5 @@ def summary() -> dict:
         "buffers_allocated": buffers_allocated,
         "eager_fallbacks": eager_fallbacks,
         "in_place_buffers": in_place_buffers,
+        "direct_graphs": direct_graphs,
     }

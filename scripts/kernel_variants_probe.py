@@ -1,6 +1,6 @@
 """Session 8 (H200): raw Triton variants of two anchor kernels, kernel time by triton.testing.do_bench (ms) and % of copy:
 add+GELU bf16 (libdevice erf vs a branchless polynomial erf vs tanh) and the cross-entropy row stats
-(per-lane online softmax vs a block max per iteration). Needs a CUDA GPU:
+(a block max per iteration; scripts/cross_entropy_probe.py has more variants). Needs a CUDA GPU:
     python scripts/kernel_variants_probe.py
 Results: benchmarks/NOTES.md, session 8."""
 import torch, triton, triton.language as tl, sys, os
@@ -26,27 +26,6 @@ def gelu_k(x_ptr, b_ptr, o_ptr, n, N: tl.constexpr, MODE: tl.constexpr, XBLOCK: 
     else:
         y = 0.5 * x * (1.0 + libdevice.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
     tl.store(o_ptr + i, y.to(tl.bfloat16), m)
-
-@triton.jit
-def ce_lane(in_ptr, o0, o1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
-    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
-    xmask = xindex < xnumel
-    rbase = tl.arange(0, RBLOCK)[None, :]
-    m = tl.full([XBLOCK, RBLOCK], float('-inf'), tl.float32)
-    s = tl.zeros([XBLOCK, RBLOCK], tl.float32)
-    for roffset in range(0, rnumel, RBLOCK):
-        rindex = roffset + rbase
-        rmask = rindex < rnumel
-        v = tl.load(in_ptr + (rindex + rnumel * xindex), xmask & rmask, other=0).to(tl.float32)
-        gt = (v > m) | (v != v)
-        e = tl.exp(-tl.abs(v - m))
-        sn = tl.where(gt, s * e + (v - v + 1.0), s + e)
-        s = tl.where(xmask & rmask & (v != float('-inf')), sn, s)
-        m = tl.where(xmask & rmask & gt, v, m)
-    r0, r1 = tl.reduce((m, s), 1, helpers.softmax_stats_combine)
-    r1 = tl.where(r0 == float('-inf'), float('nan'), r1)
-    tl.store(o0 + xindex, r0[:, None], xmask)
-    tl.store(o1 + xindex, r1[:, None], xmask)
 
 @triton.jit
 def ce_block(in_ptr, o0, o1, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, NANMAX: tl.constexpr):
@@ -111,12 +90,9 @@ def main():
     o0 = torch.empty(T, device="cuda"); o1 = torch.empty(T, device="cuda")
     rm = x.float().amax(1); rs = (x.float() - rm[:, None]).exp().sum(1)
     nb = x.numel() * 2
-    for kname in ("lane", "block", "block_nanmax"):
+    for kname in ("block", "block_nanmax"):      # the per-lane variant of session 8 used a combine helper since removed
         for xb, rb, w in ((1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (1, 4096, 16), (2, 1024, 8), (1, 8192, 16), (4, 512, 8)):
-            if kname == "lane":
-                f = lambda: ce_lane[(T // xb,)](x, o0, o1, T, V, xb, rb, num_warps=w)
-            else:
-                f = lambda: ce_block[(T // xb,)](x, o0, o1, T, V, xb, rb, kname == "block_nanmax", num_warps=w)
+            f = lambda: ce_block[(T // xb,)](x, o0, o1, T, V, xb, rb, kname == "block_nanmax", num_warps=w)
             f()
             err = max((o0 - rm).abs().max().item(), ((o1 - rs).abs() / rs).max().item())
             ms = do_bench(f, warmup=25, rep=200)

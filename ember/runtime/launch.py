@@ -40,9 +40,32 @@ def _hooked(hook) -> bool:
 
 
 def _device_and_stream():
-    """The active driver's getters of the current device and of its current stream (what the JIT asks)."""
+    """The active driver's getters of the current device and of its current stream (what the JIT asks).
+    The CUDA driver's device getter is `torch.cuda.current_device`, a Python function that re-checks lazy
+    init on every call; once a kernel launches, CUDA is initialised and torch's C getter says the same."""
     from triton.runtime.driver import driver
-    return driver.active.get_current_device, driver.active.get_current_stream
+    device = driver.active.get_current_device
+    if device is torch.cuda.current_device:
+        device = torch._C._cuda_getDevice
+    return device, driver.active.get_current_stream
+
+
+def _hook_probe(rt):
+    """A cheap callable: is a launch hook set right now? (None when no runtime knobs exist.)"""
+    if rt is None:
+        return None
+    return lambda: _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook)
+
+
+def _key_function(n_args: int, tensor_pos):
+    """key(args) for a kernel of n_args positional arguments, generated once: each tensor's dtype and
+    16-byte alignment, every other argument itself (a Python genexpr over the arguments cost ~1.5 us)."""
+    parts = []
+    for i in range(n_args):
+        parts += [f"a[{i}].dtype", f"not a[{i}].data_ptr() & 15"] if i in tensor_pos else [f"a[{i}]"]
+    scope: dict = {}
+    exec(f"def key(a):\n    return ({', '.join(parts)},)\n", scope)
+    return scope["key"]
 
 
 class Launcher:
@@ -52,30 +75,27 @@ class Launcher:
         self.fn = fn
         self.fast: dict = {}          # specialization key -> (run, function, packed_metadata, constexpr tail)
         self.enabled = True
-        self._tensor_pos = None       # positions of tensor arguments, fixed by the first call
+        self._n_args = None           # positional arguments per call, fixed by the first call
+        self._args_key = None         # key of those arguments, generated at the first call
         self._device = self._stream = None   # the driver's getters, bound at the first launch
-        self._runtime = _knobs_runtime()
+        self._hooks = _hook_probe(_knobs_runtime())
         self._names = [p.name for p in fn.params]
         self._constexpr = {p.name for p in fn.params if p.is_constexpr}
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
 
-    def _key(self, device, args, meta) -> tuple:
-        key = [device]          # a binary is loaded per device
-        key.extend((a.dtype, a.data_ptr() % 16 == 0) if i in self._tensor_pos else a for i, a in enumerate(args))
-        key.extend(meta.values())
-        return tuple(key)
-
     def launch(self, grid, args, meta):
-        rt = self._runtime
-        if not self.enabled or (rt is not None and (_hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook))):
+        if not self.enabled or (self._hooks is not None and self._hooks()):
             return self.fn[grid](*args, **meta)
-        if self._tensor_pos is None:
-            self._tensor_pos = frozenset(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        if self._n_args is None:
+            self._n_args = len(args)
+            self._args_key = _key_function(len(args), {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)})
             self._device, self._stream = _device_and_stream()
+        elif len(args) != self._n_args:
+            return self.fn[grid](*args, **meta)
         device = self._device()
-        key = self._key(device, args, meta)
+        key = (device, self._args_key(args), *meta.values())     # a binary is loaded per device
         hit = self.fast.get(key)
         if hit is None:
             kernel = self.fn[grid](*args, **meta)

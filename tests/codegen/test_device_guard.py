@@ -29,11 +29,20 @@ def _program(*devices, backend="triton"):
 
 def test_a_graph_on_one_gpu_runs_with_that_gpu_current(monkeypatch):
     monkeypatch.setattr(torch.cuda, "_DeviceGuard", _Guard)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     _Guard.entered = []
     fn = backends.guard_current_device(lambda args: ("ran", list(args), list(_Guard.entered)),
                                        _program("cuda:1", "cuda:1"))
     assert fn([3]) == ("ran", [3], [1])              # cuda:1 is current while the wrapper runs
     assert _Guard.entered == [1, "restored"]         # and the previous device is back afterwards
+
+
+def test_a_graph_on_the_current_gpu_skips_the_guard(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "_DeviceGuard", _Guard)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    _Guard.entered = []
+    fn = backends.guard_current_device(lambda args: list(args), _program("cuda:1"))
+    assert fn([3]) == [3] and _Guard.entered == []
 
 
 def test_graphs_without_a_single_gpu_are_left_alone(monkeypatch):
