@@ -54,7 +54,11 @@ def wrapper_is_trivial(meta, n_placeholders: int, n_dynamo_inputs: int) -> Optio
 
 
 def dynamic_output_dims(meta) -> tuple:
-    """((output index, dims), ...) that AOTAutograd's wrapper marks as dynamic on each call's outputs."""
+    """((output index, dims), ...) that AOTAutograd's wrapper marks as dynamic on each call's outputs (torch
+    2.13 does; 2.11's wrapper marks nothing)."""
+    from torch._functorch._aot_autograd import runtime_wrappers
+    if not hasattr(runtime_wrappers, "mark_dynamo_propagated_dynamic_indices"):
+        return ()
     return tuple((i, frozenset(o.dynamic_dims)) for i, o in enumerate(meta.output_info)
                  if getattr(o, "dynamic_dims", None) is not None)
 

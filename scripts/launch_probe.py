@@ -1,0 +1,58 @@
+"""Host time of one Triton kernel launch, piece by piece (needs a CUDA GPU):
+    python scripts/launch_probe.py
+Times (us per call, best of rounds): torch.empty_strided on the GPU, Triton's JIT launch, the compiled
+kernel's own launcher (`CompiledKernel.run`, what ember's Launcher calls), ember's Launcher, and an ATen op."""
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ember.runtime.launch import Launcher  # noqa: E402
+
+
+@triton.jit
+def add_one(x_ptr, o_ptr, n, XBLOCK: tl.constexpr):
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(o_ptr + i, tl.load(x_ptr + i, i < n) + 1, i < n)
+
+
+def us(f, calls=2000, rounds=10):
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main():
+    x = torch.randn(1024, device="cuda")
+    o = torch.empty_like(x)
+    k = add_one[(1,)](x, o, 1024, XBLOCK=1024)
+    stream = torch.cuda.current_stream().cuda_stream
+    L = Launcher(add_one)
+    L[(1,)](x, o, 1024, XBLOCK=1024)
+    L[(1,)](x, o, 1024, XBLOCK=1024)
+    res = {
+        "empty_strided": us(lambda: torch.empty_strided((1024,), (1,), dtype=torch.float32, device="cuda")),
+        "aten add": us(lambda: torch.add(x, 1, out=o)),
+        "triton JIT": us(lambda: add_one[(1,)](x, o, 1024, XBLOCK=1024)),
+        "CompiledKernel.run": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None, x, o, 1024)),
+        "CompiledKernel.run (int ptrs)": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None,
+                                                         x.data_ptr(), o.data_ptr(), 1024)),
+        "ember Launcher": us(lambda: L[(1,)](x, o, 1024, XBLOCK=1024)),
+        "current stream": us(lambda: torch._C._cuda_getCurrentRawStream(0)),
+    }
+    print(", ".join(f"{k} {v:.2f}" for k, v in res.items()))
+    print("torch._C._StaticCudaLauncher:", hasattr(torch._C, "_StaticCudaLauncher"))
+
+
+if __name__ == "__main__":
+    main()
