@@ -44,9 +44,9 @@ def main():
         "empty_strided": us(lambda: torch.empty_strided((1024,), (1,), dtype=torch.float32, device="cuda")),
         "aten add": us(lambda: torch.add(x, 1, out=o)),
         "triton JIT": us(lambda: add_one[(1,)](x, o, 1024, XBLOCK=1024)),
-        "CompiledKernel.run": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None, x, o, 1024)),
+        "CompiledKernel.run": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None, x, o, 1024, 1024)),
         "CompiledKernel.run (int ptrs)": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None,
-                                                         x.data_ptr(), o.data_ptr(), 1024)),
+                                                         x.data_ptr(), o.data_ptr(), 1024, 1024)),
         "ember Launcher": us(lambda: L[(1,)](x, o, 1024, XBLOCK=1024)),
         "current stream": us(lambda: torch._C._cuda_getCurrentRawStream(0)),
     }
