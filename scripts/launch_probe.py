@@ -32,6 +32,18 @@ def us(f, calls=2000, rounds=10):
     return best
 
 
+def after_sync_us(f, calls=200):
+    """Median host time of one call made right after the GPU went idle (as the anchor times it)."""
+    ts = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2] * 1e6
+
+
 def main():
     x = torch.randn(1024, device="cuda")
     o = torch.empty_like(x)
@@ -50,7 +62,23 @@ def main():
         "ember Launcher": us(lambda: L[(1,)](x, o, 1024, XBLOCK=1024)),
         "current stream": us(lambda: torch._C._cuda_getCurrentRawStream(0)),
     }
-    print(", ".join(f"{k} {v:.2f}" for k, v in res.items()))
+    print("back to back: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()))
+    big = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    gelu = lambda a, b: torch.nn.functional.gelu(a + b)      # noqa: E731
+    compiled = torch.compile(gelu, backend="ember")
+    compiled(big, bias)
+    res = {
+        "noop": lambda: None,
+        "empty_strided": lambda: torch.empty_strided((1024,), (1,), dtype=torch.float32, device="cuda"),
+        "aten add (small)": lambda: torch.add(x, 1, out=o),
+        "CompiledKernel.run (small)": lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None,
+                                                    None, x, o, 1024, 1024),
+        "ember Launcher (small)": lambda: L[(1,)](x, o, 1024, XBLOCK=1024),
+        "eager add+gelu 8192^2": lambda: gelu(big, bias),
+        "ember add+gelu 8192^2": lambda: compiled(big, bias),
+    }
+    print("after a sync:  " + ", ".join(f"{k} {after_sync_us(f):.2f}" for k, f in res.items()))
     print("torch._C._StaticCudaLauncher:", hasattr(torch._C, "_StaticCudaLauncher"))
 
 
