@@ -38,6 +38,32 @@ def ce_block(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr):
 
 
 @triton.jit
+def ce_block_split(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr, XBLOCK: tl.constexpr):
+    """ce_block with an unmasked loop over the full blocks and one masked step for the tail, exp as exp2 of
+    one multiply-add, and XBLOCK rows per program."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    rows = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    rbase = tl.arange(0, RBLOCK)[None, :]
+    base = in_ptr + rows * rnumel
+    m = tl.full([XBLOCK, 1], float('-inf'), tl.float32)
+    s = tl.zeros([XBLOCK, RBLOCK], tl.float32)
+    full = (rnumel // RBLOCK) * RBLOCK
+    for roffset in range(0, full, RBLOCK):
+        v = tl.load(base + roffset + rbase).to(tl.float32) * LOG2E
+        mn = helpers.maximum_nan(m, tl.reduce(v, 1, helpers.maximum_nan)[:, None])
+        sc = tl.where(m == mn, 1.0, tl.exp2(m - mn))
+        s = s * sc + tl.exp2(v - tl.where(mn == float('-inf'), 0.0, mn))
+        m = mn
+    r = full + rbase
+    v = tl.load(base + r, r < rnumel, other=float('-inf')).to(tl.float32) * LOG2E
+    mn = helpers.maximum_nan(m, tl.reduce(v, 1, helpers.maximum_nan)[:, None])
+    sc = tl.where(m == mn, 1.0, tl.exp2(m - mn))
+    s = s * sc + tl.exp2(v - tl.where(mn == float('-inf'), 0.0, mn))
+    tl.store(o0 + rows, mn / LOG2E)
+    tl.store(o1 + rows, tl.sum(s, 1)[:, None])
+
+
+@triton.jit
 def ce_whole_row(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr):
     row = tl.program_id(0)
     r = tl.arange(0, RBLOCK)
@@ -88,6 +114,9 @@ def main():
 
     for rb, w in ((1024, 4), (2048, 8), (4096, 8), (4096, 16)):
         report(f"block ({rb},{w})", lambda: ce_block[(T,)](x, o0, o1, V, rb, num_warps=w))
+    for rb, xb, w in ((4096, 1, 8), (2048, 1, 8), (2048, 1, 4), (1024, 1, 4), (1024, 2, 8), (512, 4, 8),
+                      (1024, 4, 8), (512, 8, 8), (256, 8, 8), (4096, 1, 16)):
+        report(f"block_split ({xb},{rb},{w})", lambda: ce_block_split[(T // xb,)](x, o0, o1, V, rb, xb, num_warps=w))
     for w in (8, 16, 32):
         report(f"whole_row (32768,{w})", lambda: ce_whole_row[(T,)](x, o0, o1, V, 32768, num_warps=w))
     for rb, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
