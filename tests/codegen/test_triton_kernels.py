@@ -2,7 +2,6 @@
 one after another, where a GPU runs them at once."""
 import re
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -159,24 +158,3 @@ def test_a_pointwise_kernel_over_channels_last_buffers_walks_them_in_tiles(devic
         torch.testing.assert_close(out, f(x, g, s))
         assert out.is_contiguous(memory_format=torch.channels_last)
         assert len(re.findall(r"XBLOCK ?= ?\d+, RBLOCK ?= ?\d+", compiled.source)) == 1      # one kernel, tiled
-
-
-@pytest.mark.parametrize("n", [4096, 4097, 1000, 3])
-def test_looped_rows_run_whole_steps_unmasked_and_mask_the_last(device, n):
-    """A looped row reduction runs its whole RBLOCK steps with a constant mask and masks only the partial
-    last step (kernel._row_loop); rows of whole steps, with a tail, shorter than a step, and odd values
-    (nan, -inf) in the tail all match eager."""
-    x = torch.randn(6, n, device=device)
-    x[1, -1] = float("-inf")
-    x[2, -1] = float("nan")
-    t = torch.randint(0, n, (6,), device=device)
-
-    def f(a, t):
-        return (a.sum(1), a.amax(1), a.argmax(1), a.var(1), torch.logsumexp(a, 1),
-                F.cross_entropy(a, t, reduction="none"), a.softmax(1))
-    with ember.config.patch(cpu_backend="triton", persistent_reduction_max=2, autotune=False):
-        compiled = ember.compile_graph(make_fx(f)(x, t), [x, t])
-        out = compiled([x, t])
-    for o, r in zip(out, f(x, t)):
-        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4, equal_nan=True)
-    assert "rmask = tl.full([1, RBLOCK], True, tl.int1)" in "\n".join(gen.source for _, gen in compiled.kernels)
