@@ -2,6 +2,7 @@
 replacing an RMSNorm subgraph with a custom op that runs as an ATen fallback."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
@@ -257,3 +258,23 @@ def test_cross_entropy_backward_keeps_no_scattered_buffer(device):
     check(lambda x, t: F.cross_entropy(x, t), x, t, grad=True)
     # forward: the loss, its row statistics and saved values; backward: the gradient alone
     assert ember.metrics.buffers_allocated <= 6, ember.metrics.buffers_allocated
+
+
+@pytest.mark.parametrize("shape", [(200, 96, 1001), (203, 97, 96), (64, 64, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bias):
+    """post_grad.pad_matmuls: M, K or N off the device's matmul alignment are zero-padded and the result
+    sliced back (forced here for any device and size); values and gradients match eager, and an aligned
+    matmul is left alone."""
+    from ember.codegen import backends
+    from ember.graph.passes import post_grad
+    monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
+    monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
+    seen = []
+    M, K, N = shape
+    a, w, b = torch.randn(M, K, device=device), torch.randn(N, K, device=device), torch.randn(N, device=device)
+    fn = (lambda x, w, b: F.linear(x.relu(), w, b).tanh()) if bias else (lambda x, w, b: (x.relu() @ w.t()).tanh())
+    with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        check(fn, a, w, b, grad=True)
+    padded = aten.constant_pad_nd.default in seen
+    assert padded == (shape != (64, 64, 64))

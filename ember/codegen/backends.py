@@ -101,6 +101,13 @@ def reads_rows_online(device: torch.device) -> bool:
     return device.type != "cpu" or config.cpu_backend == "triton"
 
 
+def matmul_alignment(device: torch.device) -> int:
+    """Bytes that a matmul's sizes should be multiples of on device (0: any size does). cuBLAS picks its
+    fast kernels only when every leading dimension is a multiple of 16 bytes; a GEMM over 50257 bf16
+    columns (GPT-2's LM head) ran 7x slower on an H200 (graph/passes/post_grad.pad_matmuls)."""
+    return 16 if device.type == "cuda" else 0
+
+
 def guard_current_device(fn, program):
     """`fn`, made to run with its kernels' GPU as the current device. Triton launches on the current
     device (its stream, the binary loaded there), not on the device of the tensors it is given: a graph on
