@@ -280,10 +280,20 @@ def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bi
     # sin saves its input, the matmul's result, for the backward: a forward output the backward graph
     # reads with the strides it was traced with
     fn = (lambda x, w, b: F.linear(x.relu(), w, b).sin()) if bias else (lambda x, w, b: (x.relu() @ w.t()).sin())
+    monkeypatch.setattr(post_grad, "PASSES", post_grad.PASSES[:-1] + [post_grad.pad_matmuls] + post_grad.PASSES[-1:])
     with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
-        check(fn, a, w, b, grad=True, **tol)
-    padded = aten.constant_pad_nd.default in seen
+        check(fn, a, w, b, grad=True, **tol)          # training graphs, padded when forced
+        seen_training = list(seen)
+    padded = aten.constant_pad_nd.default in seen_training
     assert padded == (shape != (64, 64, 64))
+    monkeypatch.undo()
+    monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
+    monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
+    monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
+    seen.clear()
+    with torch.no_grad(), ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        check(fn, a, w, b, **tol)                      # an inference graph: padded by default
+    assert (aten.constant_pad_nd.default in seen) == (shape != (64, 64, 64))
 
 
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):

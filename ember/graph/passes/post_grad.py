@@ -190,8 +190,13 @@ def _dtype(node):
     return getattr(v, "dtype", None)
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, pad_matmuls, dead_code_elimination]
+PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, dead_code_elimination]
+# Inference graphs only, for now: with pad_matmuls on training graphs, GPT-2 and BERT training (bf16
+# autocast, H200) failed the models benchmark's accuracy check (gradients ~3.3x eager's RMSE against
+# float64) while inference passed unchanged; not understood yet (benchmarks/NOTES.md, session 9)
+INFERENCE_PASSES: list = [pad_matmuls]
 
 
-def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    return run_passes(gm, PASSES, config.post_grad_passes)
+def run(gm: torch.fx.GraphModule, inference: bool = False) -> torch.fx.GraphModule:
+    passes = PASSES[:-1] + (INFERENCE_PASSES if inference else []) + PASSES[-1:]
+    return run_passes(gm, passes, config.post_grad_passes)
