@@ -19,11 +19,9 @@ from typing import Callable, Optional
 
 import torch
 
-_PLAIN_META = ("PlainTensorMeta",)     # a plain tensor's entry in subclass metadata (an int before torch 2.6)
-
-
 def _plain(meta) -> bool:
-    return meta is None or all(isinstance(m, int) or type(m).__name__ in _PLAIN_META for m in meta)
+    # a plain tensor's entry in subclass metadata is a PlainTensorMeta (an int before torch 2.6)
+    return meta is None or all(isinstance(m, int) or type(m).__name__ == "PlainTensorMeta" for m in meta)
 
 
 def wrapper_is_trivial(meta, n_placeholders: int, n_dynamo_inputs: int) -> Optional[str]:
@@ -77,21 +75,17 @@ def direct(aot_fn: Callable, graph, dims: tuple) -> Callable:
     autocast = torch._C._is_any_autocast_enabled
 
     def call(*args):
-        if not graph.checked:
-            return aot_fn(*args)
-        fn = graph.fn
-        if graph.calls_aten and autocast():
+        if not graph.checked or (graph.calls_aten and autocast()):
             return aot_fn(*args)
         if graph.calls_aten and grad_enabled():
             set_grad(False)
             try:
-                outs = fn(list(args))
+                outs = graph.fn(list(args))
             finally:
                 set_grad(True)
         else:
-            outs = fn(list(args))
+            outs = graph.fn(list(args))
         if dims:
             _mark_dynamic(outs, dims)
         return outs
-    call.ember_direct = True
     return call
