@@ -191,8 +191,8 @@ def _dtype(node):
 
 
 PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats]
-# Inference graphs only, for now: with pad_matmuls on training graphs, GPT-2 and BERT training on an H200
-# failed the models benchmark's accuracy check (gradients ~3.3x eager's RMSE against float64) while
+# Inference graphs only, for now: with pad_matmuls on training graphs, GPT-2 and BERT training on an H200 (bf16
+# autocast) failed the models benchmark's accuracy check (gradients ~3.3x eager's RMSE against float64) while
 # inference passed unchanged; not understood yet (benchmarks/NOTES.md, session 9)
 INFERENCE_PASSES: list = [pad_matmuls]
 
