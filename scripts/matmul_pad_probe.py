@@ -1,0 +1,48 @@
+"""Does zero-padding a misaligned bf16 matmul change its accuracy on this GPU? GPT-2's LM head shapes
+(50257 classes, 768 features, 4096 tokens): each product unpadded and padded to 8 elements, relative RMSE
+against float64, with torch's bf16 reduced-precision-reduction switch on (torch's default) and off, and the
+cuBLAS kernel each one ran. Needs a CUDA GPU:
+    python scripts/matmul_pad_probe.py"""
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+
+def rel_rmse(a, ref):
+    return ((a.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+def kernels(fn):
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    return ",".join(sorted({e.key[:60] for e in p.key_averages() if e.device_type.name == "CUDA"}))
+
+
+def main():
+    T, H, V = 4096, 768, 50257
+    torch.manual_seed(0)
+    g = (torch.randn(T, V, device="cuda") * 1e-3).bfloat16()      # a logits gradient
+    w = (torch.randn(V, H, device="cuda") * 0.02).bfloat16()      # the LM head's weight
+    h = torch.randn(T, H, device="cuda").bfloat16()               # the final hidden states
+    cases = {"grad_h = g @ w   (K = V)": (g, w), "grad_w = g.T @ h (M = V)": (g.t(), h),
+             "logits = h @ w.T (N = V)": (h, w.t())}
+    pad = -V % 8
+    padded = {"grad_h = g @ w   (K = V)": (F.pad(g, (0, pad)), F.pad(w, (0, 0, 0, pad))),
+              "grad_w = g.T @ h (M = V)": (F.pad(g.t(), (0, 0, 0, pad)), h),
+              "logits = h @ w.T (N = V)": (h, F.pad(w.t(), (0, pad)))}
+    for name, (a, b) in cases.items():
+        ref = a.double() @ b.double()
+        pa, pb = padded[name]
+        for reduced in (True, False):
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+            plain = a @ b
+            pad_out = (pa @ pb)[:ref.shape[0], :ref.shape[1]]
+            print(f"{name} reduced={reduced!s:5}  plain {rel_rmse(plain, ref):.3e}  padded "
+                  f"{rel_rmse(pad_out, ref):.3e}", flush=True)
+            print(f"    plain:  {kernels(lambda: a @ b)}\n    padded: {kernels(lambda: pa @ pb)}", flush=True)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+
+
+if __name__ == "__main__":
+    main()
