@@ -4,7 +4,9 @@ CUDA GPU:
     python scripts/cross_entropy_probe.py
 
 Variants: `block` (ember's looped kernel since session 8: a block max per step, one exp per element),
-`whole_row` (the row in registers: one read, no loop; RBLOCK 32768 at 16 or 32 warps), `two_pass` (a max
+`whole_row` (the row in registers: one read, no loop; RBLOCK 32768 at 16 or 32 warps), `block_split` (an unmasked loop over whole steps and a masked tail; with
+`stages=` the loop is software-pipelined by Triton, tl.range's num_stages, the next steps' loads in flight
+while one is reduced), `two_pass` (a max
 loop, then a sum-of-exp loop that re-reads the row, mostly from L2), and ember's own kernel with whole rows
 allowed (config.persistent_reduction_max=32768)."""
 import os
@@ -38,7 +40,7 @@ def ce_block(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr):
 
 
 @triton.jit
-def ce_block_split(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr, XBLOCK: tl.constexpr):
+def ce_block_split(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr, XBLOCK: tl.constexpr, STAGES: tl.constexpr = 1):
     """ce_block with an unmasked loop over the full blocks and one masked step for the tail, exp as exp2 of
     one multiply-add, and XBLOCK rows per program."""
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -48,7 +50,7 @@ def ce_block_split(in_ptr, o0, o1, rnumel, RBLOCK: tl.constexpr, XBLOCK: tl.cons
     m = tl.full([XBLOCK, 1], float('-inf'), tl.float32)
     s = tl.zeros([XBLOCK, RBLOCK], tl.float32)
     full = (rnumel // RBLOCK) * RBLOCK
-    for roffset in range(0, full, RBLOCK):
+    for roffset in tl.range(0, full, RBLOCK, num_stages=STAGES):
         v = tl.load(base + roffset + rbase).to(tl.float32) * LOG2E
         mn = helpers.maximum_nan(m, tl.reduce(v, 1, helpers.maximum_nan)[:, None])
         sc = tl.where(m == mn, 1.0, tl.exp2(m - mn))
@@ -117,6 +119,10 @@ def main():
     for rb, xb, w in ((4096, 1, 8), (2048, 1, 8), (2048, 1, 4), (1024, 1, 4), (1024, 2, 8), (512, 4, 8),
                       (1024, 4, 8), (512, 8, 8), (256, 8, 8), (4096, 1, 16)):
         report(f"block_split ({xb},{rb},{w})", lambda: ce_block_split[(T // xb,)](x, o0, o1, V, rb, xb, num_warps=w))
+    for stages in (2, 3, 4):
+        for rb, xb, w in ((2048, 1, 8), (1024, 1, 4), (1024, 2, 8), (512, 4, 8), (256, 8, 8), (4096, 1, 8)):
+            report(f"block_split stages={stages} ({xb},{rb},{w})",
+                   lambda: ce_block_split[(T // xb,)](x, o0, o1, V, rb, xb, stages, num_warps=w))
     for w in (8, 16, 32):
         report(f"whole_row (32768,{w})", lambda: ce_whole_row[(T,)](x, o0, o1, V, 32768, num_warps=w))
     for rb, w in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):

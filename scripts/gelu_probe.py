@@ -6,7 +6,8 @@ back), % of a copy's bandwidth. Needs a CUDA GPU:
 Variants: `copy` (load, convert, store: the floor of any bf16 pointwise kernel), `bias` (x + b, no GELU),
 `poly` (ember's branchless erf, helpers.erf_f32), `libdevice` (libdevice.erf), `as7126` (Abramowitz-Stegun
 7.1.26: one reciprocal, one exp, 5 FMAs), and `poly2d` (ember's erf in [rows, cols] tiles, the bias loaded
-once per tile column), each at a few block sizes and warp counts; then ember's own compiled function."""
+once per tile column), each at a few block sizes and warp counts; `persistent` (ember's erf, a fixed grid of
+programs per SM looping over blocks, the loop software-pipelined by Triton with tl.range's num_stages); then ember's own compiled function."""
 import os
 import sys
 
@@ -66,6 +67,15 @@ def tiled(x_ptr, b_ptr, o_ptr, N: tl.constexpr, VARIANT: tl.constexpr, YBLOCK: t
     tl.store(o_ptr + rows * N + cols, _gelu(v, VARIANT).to(tl.bfloat16))
 
 
+@triton.jit
+def persistent(x_ptr, b_ptr, o_ptr, n_blocks, N: tl.constexpr, VARIANT: tl.constexpr, XBLOCK: tl.constexpr,
+               STAGES: tl.constexpr):
+    for blk in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=STAGES):
+        i = blk * XBLOCK + tl.arange(0, XBLOCK)
+        v = tl.load(x_ptr + i).to(tl.float32) + tl.load(b_ptr + i % N).to(tl.float32)
+        tl.store(o_ptr + i, _gelu(v, VARIANT).to(tl.bfloat16))
+
+
 def main():
     import torch.nn.functional as F
     M = N = 8192
@@ -93,6 +103,12 @@ def main():
     for yb, xb, w in [(8, 256, 4), (16, 256, 8), (4, 1024, 8), (8, 512, 8)]:
         report(f"poly2d {yb}x{xb} warps={w}",
                lambda: tiled[(N // xb, M // yb)](x, b, out, N, 2, yb, xb, num_warps=w), True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for per_sm, xb, w, stages in [(1, 1024, 4, 1), (1, 1024, 4, 3), (2, 1024, 4, 3), (4, 1024, 4, 2),
+                                  (2, 2048, 4, 3), (4, 2048, 4, 2), (8, 1024, 4, 2), (2, 2048, 8, 4)]:
+        nblk = x.numel() // xb
+        report(f"persistent {per_sm}/SM XBLOCK={xb} w={w} st={stages}",
+               lambda: persistent[(sms * per_sm,)](x, b, out, nblk, N, 2, xb, stages, num_warps=w), True)
     f = torch.compile(lambda x, b: F.gelu(x + b), backend="ember")
     f(x, b)
     ms = do_bench(lambda: f(x, b), warmup=25, rep=200)
