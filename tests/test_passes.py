@@ -260,43 +260,60 @@ def test_cross_entropy_backward_keeps_no_scattered_buffer(device):
     assert ember.metrics.buffers_allocated <= 6, ember.metrics.buffers_allocated
 
 
-@pytest.mark.parametrize("shape", [(200, 96, 1001), (203, 97, 96), (64, 64, 64)])
-@pytest.mark.parametrize("bias", [False, True])
-def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bias):
-    """post_grad.pad_matmuls: M, K or N off the device's matmul alignment are zero-padded and the result
-    sliced back (forced here for any device and size); values and gradients match eager, and an aligned
-    matmul is left alone."""
+def _force_padding(monkeypatch):
+    """pad_matmuls on any device and size, float32 included: on the CPU the values are then exact; on a
+    GPU cuBLAS may run a padded float32 GEMM at TF32-like precision (why the pass leaves float32 alone
+    there), hence the looser tolerance it returns."""
     from ember.codegen import backends
     from ember.graph.passes import post_grad
     monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
     monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
+    monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
+
+
+def _padding_tolerance(device):
+    return {"rtol": 2e-3, "atol": 2e-3} if torch.device(device).type == "cuda" else {}
+
+
+@pytest.mark.parametrize("shape", [(200, 96, 1001), (203, 97, 96), (64, 64, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("grad", [True, False])
+def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bias, grad):
+    """post_grad.pad_matmuls: M, K or N off the device's matmul alignment are zero-padded and the result
+    sliced back, in training and inference graphs; values and gradients match eager, and an aligned
+    matmul is left alone."""
+    _force_padding(monkeypatch)
     seen = []
     M, K, N = shape
-    # float32, forced too: the values are then exact on the CPU; on a GPU cuBLAS may run a padded float32
-    # GEMM at TF32-like precision (why the pass leaves float32 alone there), hence the looser tolerance
-    monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
-    tol = {"rtol": 2e-3, "atol": 2e-3} if torch.device(device).type == "cuda" else {}
     a, w, b = torch.randn(M, K, device=device), torch.randn(N, K, device=device), torch.randn(N, device=device)
     # sin saves its input, the matmul's result, for the backward: a forward output the backward graph
     # reads with the strides it was traced with
     fn = (lambda x, w, b: F.linear(x.relu(), w, b).sin()) if bias else (lambda x, w, b: (x.relu() @ w.t()).sin())
-    monkeypatch.setattr(post_grad, "PASSES", post_grad.PASSES + [post_grad.pad_matmuls])
-    with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
-        check(fn, a, w, b, grad=True, **tol)          # training graphs, padded when forced
-        seen_training = list(seen)
-    padded = aten.constant_pad_nd.default in seen_training
-    assert padded == (shape != (64, 64, 64))
-    monkeypatch.undo()
-    monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
-    monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
-    monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
-    seen.clear()
-    with torch.no_grad(), ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
-        check(fn, a, w, b, **tol)                      # an inference graph: padded by default
+    with torch.set_grad_enabled(grad), \
+            ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        check(fn, a, w, b, grad=grad, **_padding_tolerance(device))
     assert (aten.constant_pad_nd.default in seen) == (shape != (64, 64, 64))
 
 
+def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monkeypatch):
+    """GPT-2's LM head in training: the logits, a reshaped view of the padded product sliced back, are
+    returned and saved for the backward graph, which was compiled for eager's dense strides. Returned
+    with the padded row stride instead (session 9), the gradients came out wrong."""
+    _force_padding(monkeypatch)
+    B, S, H, V = 2, 48, 64, 1001
+
+    def fn(h, w, t):
+        logits = (h.view(-1, H) @ w.t()).view(B, S, V)
+        return F.cross_entropy(logits.float().view(-1, V), t), logits
+
+    h, w = torch.randn(B, S, H, device=device), torch.randn(V, H, device=device)
+    t = torch.randint(0, V, (B * S,), device=device)
+    loss, logits = check(fn, h, w, t, grad=True, **_padding_tolerance(device))
+    assert logits.stride() == (S * V, V, 1)
+
+
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
+    """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
     from ember.codegen import backends
     from ember.graph.passes import post_grad
     monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)

@@ -273,9 +273,11 @@ class GraphLowering(torch.fx.Interpreter):
                     (_is_dense(meta) or _is_non_overlapping(meta)):
                 layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
             box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
-        elif isinstance(box.data, (ComputedBuffer, ExternKernel, MultiOutput)) and _differs_from(box.data.layout, meta):
-            # stored earlier with other strides than eager's: a backward graph reading this output was
-            # compiled for the fake tensor's strides, so return a copy in them
+        elif isinstance(box.data, (ComputedBuffer, ExternKernel, MultiOutput, ReinterpretView)) and \
+                _differs_from(box.data.layout, meta):
+            # stored earlier (or viewed) with other strides than eager's: a backward graph reading this
+            # output was compiled for the fake tensor's strides, so return a copy in them. A view gets
+            # here when a pass rewrote its base: a padded matmul's result sliced back to eager's size
             copy = TensorBox.pointwise(box.device, box.dtype, box.make_loader(), list(box.get_size()))
             layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
             box = TensorBox(self.register_buffer(ComputedBuffer(None, layout, copy.data)))

@@ -135,7 +135,8 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     zeros added along K add nothing, rows or columns added along M or N are sliced off. The pads are
     ember's pointwise kernels, so a producer computed in the graph writes its padded form directly;
     a weight that comes in as an input is copied once per call; a result the graph returns is copied
-    dense. On an H200, GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus
+    dense (here when returned as is; through views, by the lowering's output check, which a training
+    forward graph needs: its backward graph reads saved outputs by eager's strides). On an H200, GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus
     the copies (GPT-2 inference 5.5 -> 2.9 ms)."""
     from ...codegen.backends import matmul_alignment
     g = gm.graph
@@ -190,13 +191,9 @@ def _dtype(node):
     return getattr(v, "dtype", None)
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats]
-# Inference graphs only, for now: with pad_matmuls on training graphs, GPT-2 and BERT training on an H200 (bf16
-# autocast) failed the models benchmark's accuracy check (gradients ~3.3x eager's RMSE against float64) while
-# inference passed unchanged; not understood yet (benchmarks/NOTES.md, session 9)
-INFERENCE_PASSES: list = [pad_matmuls]
+PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, pad_matmuls]
 
 
-def run(gm: torch.fx.GraphModule, inference: bool = False) -> torch.fx.GraphModule:
-    passes = PASSES + (INFERENCE_PASSES if inference else []) + [dead_code_elimination]
+def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    passes = PASSES + [dead_code_elimination]
     return run_passes(gm, passes, config.post_grad_passes)
