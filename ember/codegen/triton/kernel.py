@@ -378,8 +378,20 @@ class TritonKernel(MathOps, SectionedKernel):
         params += list(self.args.sizes.values())
         return params
 
+    def has_loop(self) -> bool:
+        return any(sec.kind == "loop" for sec in self.sections)
+
+    def loop_pipelinable(self) -> bool:
+        """May Triton software-pipeline the r-loops (issue the next chunks' loads while one is reduced)?
+        Only where no load can depend on a store of this kernel: no buffer both read and written (an
+        in_out_ptr) and no barrier between sections that hand values through memory."""
+        return self.has_loop() and not any(sec.barrier for sec in self.sections) and \
+            not any(p.startswith("in_out_ptr") for p in self.args.outputs.values())
+
     def source(self) -> str:
         consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.has_rdim else [])
+        if self.has_loop():
+            consts.append("RSTAGES: tl.constexpr")
         lines = ["@triton.jit", f"def {self.name}({', '.join(self.signature() + consts)}):"]
         body = []
         pid = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
@@ -398,7 +410,8 @@ class TritonKernel(MathOps, SectionedKernel):
                 if sec.barrier:
                     body.append("tl.debug_barrier()")      # values hoisted into `pre` load before the loop
                 body += sec.pre
-                body.append("for roffset in range(0, rnumel, RBLOCK):")
+                # RSTAGES > 1 (a launch config, heuristics.py) lets Triton keep that many chunks' loads in flight
+                body.append("for roffset in tl.range(0, rnumel, RBLOCK, num_stages=RSTAGES):")
                 inner = ["rindex = roffset + rbase", "rmask = rindex < rnumel"]
                 if sec.barrier:
                     inner.append("tl.debug_barrier()")
