@@ -295,6 +295,20 @@ def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bi
     assert (aten.constant_pad_nd.default in seen) == (shape != (64, 64, 64))
 
 
+def test_padded_operands_are_shared_and_padded_in_storage_order(device, monkeypatch):
+    """y = x @ w.t() with N = 1001: the forward pads w's rows (w.t() is padded as w, then transposed back:
+    no transposing copy); the backward's two matmuls read the output gradient as is (K padded) and
+    transposed (M padded), and share one padded copy of it."""
+    _force_padding(monkeypatch)
+    graphs = []
+    x, w = torch.randn(200, 96, device=device), torch.randn(1001, 96, device=device)
+    with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(list(gm.graph.nodes))]):
+        check(lambda x, w: x @ w.t(), x, w, grad=True, **_padding_tolerance(device))
+    pads = [[n for n in nodes if n.target is aten.constant_pad_nd.default] for nodes in graphs]
+    assert [len(p) for p in pads] == [1, 2], pads
+    assert all(p.args[0].op == "placeholder" for p in pads[0] + pads[1])   # w, the gradient: never a permute
+
+
 def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monkeypatch):
     """GPT-2's LM head in training: the logits, a reshaped view of the padded product sliced back, are
     returned and saved for the backward graph, which was compiled for eager's dense strides. Returned

@@ -140,6 +140,7 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     the copies (GPT-2 inference 5.5 -> 2.9 ms)."""
     from ...codegen.backends import matmul_alignment
     g = gm.graph
+    padded = {}           # (node, rows, cols) -> its padded form, made before the first matmul that reads it
     for n in list(g.nodes):
         if n.op != "call_function" or n.target not in (aten.mm.default, aten.addmm.default):
             continue
@@ -166,8 +167,21 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
                     node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args],
                                           **kwargs)
                 return node
-            a2 = call(aten.constant_pad_nd.default, a, [0, pk, 0, pm]) if pk or pm else a
-            b2 = call(aten.constant_pad_nd.default, b, [0, pn, 0, pk]) if pk or pn else b
+
+            def pad(x, rows, cols):
+                """x (2-D) with `rows` and `cols` zeros added. A transposed operand is padded in its base's
+                order and transposed back: a plain copy, not a transposing one, and one padded tensor
+                serves every matmul that reads the base either way (GPT-2's logits gradient feeds the
+                input gradient as is and the weight gradient transposed)."""
+                if not (rows or cols):
+                    return x
+                base = _transposed_base(x)
+                if base is not None:
+                    return call(aten.permute.default, pad(base, cols, rows), [1, 0])
+                if (x, rows, cols) not in padded:
+                    padded[x, rows, cols] = call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+                return padded[x, rows, cols]
+            a2, b2 = pad(a, pm, pk), pad(b, pk, pn)
             if bias is not None:
                 bias2 = call(aten.constant_pad_nd.default, bias, [0, pn]) if pn else bias
                 out = call(aten.addmm.default, bias2, a2, b2, **n.kwargs)
@@ -184,6 +198,18 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
         for u in list(n.users):
             u.replace_input_with(n, dense if u.op == "output" else out)
         g.erase_node(n)
+
+
+def _transposed_base(x):
+    """y where the 2-D node x is y transposed, else None."""
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function":
+        return None
+    if x.target is aten.t.default or (x.target is aten.permute.default and list(x.args[1]) == [1, 0]) or \
+            (x.target is aten.transpose.int and sorted(d % 2 for d in x.args[1:3]) == [0, 1]):
+        base = x.args[0]
+        v = base.meta.get("val") if isinstance(base, torch.fx.Node) else None
+        return base if isinstance(v, torch.Tensor) and v.dim() == 2 else None
+    return None
 
 
 def _dtype(node):
