@@ -6,6 +6,7 @@ cuBLAS kernel each one ran. Needs a CUDA GPU:
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
+from triton.testing import do_bench
 
 
 def rel_rmse(a, ref):
@@ -31,6 +32,10 @@ def main():
     padded = {"grad_h = g @ w   (K = V)": (F.pad(g, (0, pad)), F.pad(w, (0, 0, 0, pad))),
               "grad_w = g.T @ h (M = V)": (F.pad(g.t(), (0, 0, 0, pad)), h),
               "logits = h @ w.T (N = V)": (h, F.pad(w.t(), (0, pad)))}
+    # the same, each operand padded in its own storage order (a padded base, transposed back)
+    stored = {"grad_h = g @ w   (K = V)": padded["grad_h = g @ w   (K = V)"],
+              "grad_w = g.T @ h (M = V)": (F.pad(g, (0, pad)).t(), h),
+              "logits = h @ w.T (N = V)": (h, F.pad(w, (0, 0, 0, pad)).t())}
     for name, (a, b) in cases.items():
         ref = a.double() @ b.double()
         pa, pb = padded[name]
@@ -41,6 +46,10 @@ def main():
             print(f"{name} reduced={reduced!s:5}  plain {rel_rmse(plain, ref):.3e}  padded "
                   f"{rel_rmse(pad_out, ref):.3e}", flush=True)
             print(f"    plain:  {kernels(lambda: a @ b)}\n    padded: {kernels(lambda: pa @ pb)}", flush=True)
+        sa, sb = stored[name]
+        us = [do_bench(lambda: x @ y) * 1e3 for x, y in ((a, b), (pa, pb), (sa, sb))]
+        print(f"    us: plain {us[0]:.0f}  padded (contiguous copies) {us[1]:.0f}  padded in storage order "
+              f"{us[2]:.0f}   {kernels(lambda: sa @ sb)}", flush=True)
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
 
 
