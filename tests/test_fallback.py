@@ -75,6 +75,17 @@ def test_fallback_of_a_transposed_computed_value(device):
                      torch.cummax(a.t() * 2, 1).values * 3), x)
 
 
+def test_transposed_extern_input_is_computed_in_memory_order(device, tmp_path):
+    """mm's operand w.t() * 2 gets eager's strides, w's order: the kernel computing it walks that memory
+    in order (its buffer is [12, 16] contiguous, the operand a transposed view of it), not the value's
+    own [16, 12] dims with a stride of 16 on every store."""
+    a, w = torch.randn(8, 16, device=device), torch.randn(12, 16, device=device)
+    with ember.config.patch(debug=True, debug_dir=str(tmp_path)):
+        check(lambda x, w: x @ (w.t() * 2), a, w)
+    (ir,) = [p.read_text() for p in tmp_path.glob("*/ir_pre_fusion.txt")]
+    assert "ComputedBuffer float32[12, 16] stride=[16, 1]" in ir, ir
+
+
 def test_fallback_of_a_transposed_stored_value(device):
     x = torch.randn(4, 6, device=device)
 
