@@ -63,7 +63,6 @@ def _store_in_memory_order(box: TensorBox, stride: list, order: list) -> None:
     wrote (and usually read) with a stride: padding GPT-2's 50257 x 768 tied weight for the LM head's
     transposed operand that way took 785 us on an H200 for 77 MB."""
     sizes, pw = list(box.get_size()), box.data
-    size1 = [d for d in range(len(sizes)) if sizes[d] == 1]
 
     def in_memory_order(idx):
         logical = [sympy.Integer(0)] * len(sizes)
@@ -74,7 +73,6 @@ def _store_in_memory_order(box: TensorBox, stride: list, order: list) -> None:
     buf = state.current_graph().register_buffer(ComputedBuffer(
         None, Layout.contiguous(pw.device, pw.dtype, mem_sizes), Pointwise(pw.device, pw.dtype, in_memory_order,
                                                                               mem_sizes)))
-    stride = [sympy.Integer(0) if d in size1 else st for d, st in enumerate(stride)]
     box.data = ReinterpretView(buf, Layout(pw.device, pw.dtype, sizes, stride))
 
 

@@ -164,6 +164,10 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
     elif kernel.persistent:
         cands = _persistent_candidates(X, best["RBLOCK"], kernel.has_scan)
     elif _reads_rows_contiguously(kernel):
+        # (rows, chunk, warps, RSTAGES). Software-pipelined row loops: cross-entropy's row statistics (4096 x
+        # 32000 bf16) ran at 77.6% of copy with three chunks' loads in flight where the same loop without
+        # reached 73.9%; two stages were slower than one (H200, Triton 3.6, scripts/cross_entropy_probe.py,
+        # session 10). Candidates, not the default: the autotuner keeps them where they win.
         shapes = ((1, 4096, 8, 3), (1, 1024, 4, 3), (1, 2048, 8, 3), (1, 4096, 8, 1), (1, 1024, 4, 1),
                   (1, 2048, 8, 1), (2, 1024, 8, 1)) if kernel.loop_pipelinable() else \
             ((1, 1024, 4, 1), (1, 2048, 8, 1), (1, 4096, 8, 1), (1, 4096, 16, 1), (2, 1024, 8, 1), (4, 512, 8, 1))
@@ -185,12 +189,6 @@ def _persistent_candidates(X: int, rblock: int, scan: bool) -> list[dict]:
             if w <= 16:
                 cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
     return cands
-
-
-# Row loops, software-pipelined: cross-entropy's row statistics (4096 x 32000 bf16) ran at 77.6% of copy with
-# three chunks' loads in flight (tl.range num_stages=3, 4096-wide chunks, 8 warps) where the same loop without
-# reached 73.9% (H200, Triton 3.6, scripts/cross_entropy_probe.py, session 10); two stages were slower than one.
-# A candidate, not the default: the autotuner keeps it where it wins.
 
 
 def _first_eight(best: dict, cands: list) -> list[dict]:

@@ -135,9 +135,9 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     zeros added along K add nothing, rows or columns added along M or N are sliced off. The pads are
     ember's pointwise kernels, so a producer computed in the graph writes its padded form directly;
     a weight that comes in as an input is copied once per call; a result the graph returns is copied
-    dense (here when returned as is; through views, by the lowering's output check, which a training
-    forward graph needs: its backward graph reads saved outputs by eager's strides). On an H200, GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus
-    the copies (GPT-2 inference 5.5 -> 2.9 ms)."""
+    dense by the lowering's output check (a training forward graph's backward reads saved outputs by
+    eager's strides). On an H200, GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's
+    ~0.45 ms plus the copies (GPT-2 inference 5.5 -> 2.9 ms)."""
     from ...codegen.backends import matmul_alignment
     g = gm.graph
     padded = {}           # (node, rows, cols) -> its padded form, made before the first matmul that reads it
@@ -191,12 +191,10 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
                 out = call(aten.slice.Tensor, out, 0, 0, M)
             if pn:
                 out = call(aten.slice.Tensor, out, 1, 0, N)
-            # a graph output keeps the dense strides it was traced with: the backward graph (and the
-            # caller) read it by them
-            dense = call(aten.clone.default, out, memory_format=torch.contiguous_format) \
-                if pn and any(u.op == "output" for u in n.users) else out
-        for u in list(n.users):
-            u.replace_input_with(n, dense if u.op == "output" else out)
+        # the result keeps the matmul's traced value (eager's dense strides): where it is returned, directly
+        # or through views, the lowering's output check copies it into them
+        out.meta["val"] = n.meta["val"]
+        n.replace_all_uses_with(out)
         g.erase_node(n)
 
 
@@ -217,9 +215,8 @@ def _dtype(node):
     return getattr(v, "dtype", None)
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, pad_matmuls]
+PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, pad_matmuls, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    passes = PASSES + [dead_code_elimination]
-    return run_passes(gm, passes, config.post_grad_passes)
+    return run_passes(gm, PASSES, config.post_grad_passes)
