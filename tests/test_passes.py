@@ -326,6 +326,41 @@ def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monke
     assert logits.stride() == (S * V, V, 1)
 
 
+def _forward_outputs(monkeypatch):
+    """A list that receives the outputs of every call of each graph ember compiles, graph by graph."""
+    import sys
+    cg = sys.modules["ember.compile_graph"]          # the module: the package's attribute is the function
+    seen, real = [], cg._compile
+
+    def compile_and_watch(*a):
+        graph = real(*a)
+        calls, run = [], graph.fn
+        seen.append(calls)
+        graph.fn = lambda args: (lambda outs: calls.append(outs) or outs)(run(args))
+        return graph
+    monkeypatch.setattr(cg, "_compile", compile_and_watch)
+    return seen
+
+
+def test_a_padded_result_returned_twice_is_copied_once(device, monkeypatch):
+    """y, a padded product sliced back, is both a user output and saved for sin's backward: the forward
+    graph returns it twice, and both are the one dense copy (there were two, a logits-sized buffer more
+    in GPT-2's and BERT's training steps)."""
+    _force_padding(monkeypatch)
+    seen = _forward_outputs(monkeypatch)
+    x, w = torch.randn(64, 96, device=device), torch.randn(1001, 96, device=device)
+
+    def fn(x, w):
+        y = x @ w.t()
+        return y.sin(), y
+    check(fn, x, w, grad=True, **_padding_tolerance(device))
+    forward_outs = seen[0][0]
+    ys = [t for t in forward_outs if isinstance(t, torch.Tensor) and t.shape == (64, 1001)]
+    assert len(ys) == 3, [t.shape for t in forward_outs]              # sin(y), y, y saved
+    assert len({t.data_ptr() for t in ys}) == 2
+    assert all(t.is_contiguous() for t in ys)
+
+
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
     from ember.codegen import backends

@@ -213,12 +213,17 @@ class GraphLowering(torch.fx.Interpreter):
         outs = result if isinstance(result, (list, tuple)) else [result]
         vals = self.current_node.args[0]
         vals = vals if isinstance(vals, (list, tuple)) else [vals]
-        for out, fx_val in zip(outs, vals):
-            if isinstance(out, TensorBox):
+        realized = {}       # a value returned at several positions (a user output also saved for the
+        for out, fx_val in zip(outs, vals):       # backward) is stored, or copied into eager's strides, once
+            if isinstance(out, TensorBox) and isinstance(fx_val, torch.fx.Node) and fx_val in realized:
+                self.outputs.append(realized[fx_val])
+            elif isinstance(out, TensorBox):
                 meta = fx_val.meta.get("val") if isinstance(fx_val, torch.fx.Node) else None
                 if isinstance(out.data, Loops) and isinstance(meta, torch.Tensor) and not _is_dense(meta):
                     out = self._as_view_of_stored_base(fx_val, meta) or out
                 self.outputs.append(self._realize_output(out, meta))
+                if isinstance(fx_val, torch.fx.Node):
+                    realized[fx_val] = self.outputs[-1]
             else:
                 self.outputs.append(out)
         flush_mutations(self)       # writes into inputs land after every read of their old values
