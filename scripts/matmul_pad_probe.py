@@ -51,6 +51,22 @@ def main():
         print(f"    us: plain {us[0]:.0f}  padded (contiguous copies) {us[1]:.0f}  padded in storage order "
               f"{us[2]:.0f}   {kernels(lambda: sa @ sb)}", flush=True)
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    # a returned logits product must come out dense: the padded product and a dense copy of it, against
+    # ember::padded_mm's row chunks (one chunk-sized buffer instead of a whole padded product)
+    import ember  # noqa: F401  (registers ember::padded_mm)
+    from ember.graph.ops import padded_mm
+    wp = F.pad(w, (0, 0, 0, pad)).t()
+    for label, fn in (("padded product + dense copy", lambda: (h @ wp)[:, :V].contiguous()),
+                      ("ember::padded_mm (row chunks)", lambda: padded_mm(h, wp, None, T, V)),
+                      ("unpadded", lambda: h @ w.t())):
+        us = do_bench(fn) * 1e3
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        print(f"returned logits, {label:32} {us:7.0f} us  peak {peak:6.0f} MiB", flush=True)
+    assert (padded_mm(h, wp, None, T, V) - (h @ wp)[:, :V]).abs().max().item() == 0
 
 
 if __name__ == "__main__":

@@ -361,6 +361,43 @@ def test_a_padded_result_returned_twice_is_copied_once(device, monkeypatch):
     assert all(t.is_contiguous() for t in ys)
 
 
+def test_a_computed_operand_is_padded_where_it_is_computed(device, monkeypatch):
+    """Cross-entropy over 1001 classes: the backward's logits gradient, computed in the graph, feeds the
+    input-gradient matmul (K padded), the weight-gradient matmul (M padded, transposed) and the bias
+    gradient (a sum). It is padded where it is computed and the sum reads the padded tensor sliced back,
+    so only the padded form is stored (it was stored both ways: a logits-sized buffer more)."""
+    _force_padding(monkeypatch)
+    graphs = []
+    h, w, b = (torch.randn(200, 96, device=device), torch.randn(1001, 96, device=device),
+               torch.randn(1001, device=device))
+    t = torch.randint(0, 1001, (200,), device=device)
+    with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
+        check(lambda h, w, b: F.cross_entropy(F.linear(h, w, b), t), h, w, b, grad=True,
+              **_padding_tolerance(device))
+    backward = graphs[1]
+    pads = [n for n in backward.nodes if n.target is aten.constant_pad_nd.default]
+    computed = [p.args[0] for p in pads if p.args[0].op == "call_function"]
+    assert computed and all(list(x.users) == [p] for x in computed for p in pads if p.args[0] is x), \
+        [(x, list(x.users)) for x in computed]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 12, 1 << 30])
+def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch, chunk_bytes):
+    """A returned result padded along N is ember::padded_mm: the product a chunk of rows at a time into
+    the dense result (one chunk, or many with a small chunk size), so no whole padded product is stored
+    beside the dense copy; values and gradients match eager."""
+    from ember.graph import ops
+    _force_padding(monkeypatch)
+    monkeypatch.setattr(ops, "PADDED_MM_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
+    seen = []
+    x, w, b = torch.randn(203, 96, device=device), torch.randn(1001, 96, device=device), torch.randn(1001, device=device)
+    with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        out = check(lambda x, w, b: F.linear(x, w, b), x, w, b, grad=True, **_padding_tolerance(device))
+    assert out.is_contiguous()
+    assert ops.padded_mm in seen
+
+
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
     from ember.codegen import backends

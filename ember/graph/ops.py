@@ -30,3 +30,40 @@ def _softmax_stats_fake(x: torch.Tensor, dim: int):
 
 
 softmax_stats = torch.ops.ember.softmax_stats.default
+
+
+_lib.define("padded_mm(Tensor a, Tensor b, Tensor? bias, int m, int n) -> Tensor")
+# The rows of one product chunk: enough to keep the GEMM efficient, few enough that the chunk is a small
+# part of a logits-sized result (GPT-2's 4096 x 50264 bf16 product is 412 MB; a chunk is 1/8 of it)
+PADDED_MM_CHUNK_BYTES = 64 << 20
+PADDED_MM_MIN_ROWS = 256
+
+
+def padded_mm_rows(m: int, padded_cols: int, itemsize: int) -> int:
+    rows = PADDED_MM_CHUNK_BYTES // max(1, padded_cols * itemsize)
+    return min(m, max(PADDED_MM_MIN_ROWS, rows // 64 * 64))
+
+
+def _padded_mm(a: torch.Tensor, b: torch.Tensor, bias, m: int, n: int):
+    out = a.new_empty((m, n))
+    rows = padded_mm_rows(m, b.shape[1], a.element_size())
+    chunk = a.new_empty((rows, b.shape[1]))
+    for r in range(0, m, rows):
+        c = min(rows, m - r)
+        if bias is None:
+            torch.mm(a[r:r + c], b, out=chunk[:c])
+        else:
+            torch.addmm(bias, a[r:r + c], b, out=chunk[:c])
+        out[r:r + c].copy_(chunk[:c, :n])
+    return out
+
+
+_lib.impl("padded_mm", _padded_mm, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ember::padded_mm")
+def _padded_mm_fake(a, b, bias, m, n):
+    return a.new_empty((m, n))
+
+
+padded_mm = torch.ops.ember.padded_mm.default

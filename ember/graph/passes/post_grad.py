@@ -132,15 +132,60 @@ _PADDED_MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     """A large mm/addmm whose M, K or N is not a multiple of the device's matmul alignment
     (codegen.backends.matmul_alignment) runs on zero-padded operands and its result is sliced back:
-    zeros added along K add nothing, rows or columns added along M or N are sliced off. The pads are
-    ember's pointwise kernels, so a producer computed in the graph writes its padded form directly;
-    a weight that comes in as an input is copied once per call; a result the graph returns is copied
-    dense by the lowering's output check (a training forward graph's backward reads saved outputs by
-    eager's strides). On an H200, GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's
-    ~0.45 ms plus the copies (GPT-2 inference 5.5 -> 2.9 ms)."""
+    zeros added along K add nothing, rows or columns added along M or N are sliced off. On an H200,
+    GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus the copies.
+
+    The pads are ember's pointwise kernels. An operand computed in the graph is padded where it is
+    computed, and its other readers read the padded tensor sliced back: its producer then writes the
+    padded form directly and the unpadded one is never stored (GPT-2's and BERT's logits gradient feeds
+    both gradient matmuls and the bias gradient). An input (a weight) is padded right before the matmul.
+    A result padded along N that the graph returns must come out dense (a training forward's backward
+    reads saved outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole
+    padded product sits beside the dense copy."""
     from ...codegen.backends import matmul_alignment
+    from ..ops import padded_mm
     g = gm.graph
-    padded = {}           # (node, rows, cols) -> its padded form, made before the first matmul that reads it
+    padded = {}           # (node, rows, cols) -> its padded form
+    unpadded = {}         # a padded form sliced back -> the node it was padded from
+
+    def call(op, *args, **kwargs):
+        node = g.call_function(op, args, kwargs)
+        fake = next(x.meta["val"] for x in args if isinstance(x, torch.fx.Node))
+        with fake.fake_mode:
+            node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args], **kwargs)
+        return node
+
+    def pad(x, rows, cols):
+        """x (2-D) with `rows` and `cols` zeros added. A transposed operand is padded in its base's order
+        and transposed back: a plain copy, not a transposing one, and one padded tensor serves every
+        matmul that reads the base either way (GPT-2's logits gradient feeds the input gradient as is
+        and the weight gradient transposed)."""
+        if not (rows or cols):
+            return x
+        x = unpadded.get(x, x)
+        base = _transposed_base(x)
+        if base is not None:
+            padded_base = pad(base, cols, rows)
+            with g.inserting_before(n):
+                return call(aten.permute.default, padded_base, [1, 0])
+        if (x, rows, cols) in padded:
+            return padded[x, rows, cols]
+        computed = x.op == "call_function"
+        with g.inserting_before(x.next if computed else n):     # (inserting_after(x) would reverse a chain)
+            p = padded[x, rows, cols] = call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+        if computed:
+            readers = [u for u in x.users if u is not p and u.op != "output" and u not in pads]
+            pads.add(p)
+            if readers:
+                with g.inserting_before(p.next):
+                    back = _slice_back(call, p, x.meta["val"].shape, rows, cols)
+                unpadded[back] = x
+                for u in readers:
+                    u.replace_input_with(x, back)
+        pads.add(p)
+        return p
+
+    pads = set()
     for n in list(g.nodes):
         if n.op != "call_function" or n.target not in (aten.mm.default, aten.addmm.default):
             continue
@@ -160,42 +205,40 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
         pm, pk, pn = (-d % align for d in (M, K, N))
         if not (pm or pk or pn):
             continue
+        a2, b2 = pad(a, pm, pk), pad(b, pk, pn)
         with g.inserting_before(n):
-            def call(op, *args, **kwargs):
-                node = g.call_function(op, args, kwargs)
-                with va.fake_mode:
-                    node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args],
-                                          **kwargs)
-                return node
-
-            def pad(x, rows, cols):
-                """x (2-D) with `rows` and `cols` zeros added. A transposed operand is padded in its base's
-                order and transposed back: a plain copy, not a transposing one, and one padded tensor
-                serves every matmul that reads the base either way (GPT-2's logits gradient feeds the
-                input gradient as is and the weight gradient transposed)."""
-                if not (rows or cols):
-                    return x
-                base = _transposed_base(x)
-                if base is not None:
-                    return call(aten.permute.default, pad(base, cols, rows), [1, 0])
-                if (x, rows, cols) not in padded:
-                    padded[x, rows, cols] = call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
-                return padded[x, rows, cols]
-            a2, b2 = pad(a, pm, pk), pad(b, pk, pn)
-            if bias is not None:
-                bias2 = call(aten.constant_pad_nd.default, bias, [0, pn]) if pn else bias
-                out = call(aten.addmm.default, bias2, a2, b2, **n.kwargs)
+            bias2 = call(aten.constant_pad_nd.default, bias, [0, pn]) if bias is not None and pn else bias
+            if pn and _returned(n):
+                out = call(padded_mm, a2, b2, bias2, M, N)
             else:
-                out = call(aten.mm.default, a2, b2)
-            if pm:
-                out = call(aten.slice.Tensor, out, 0, 0, M)
-            if pn:
-                out = call(aten.slice.Tensor, out, 1, 0, N)
+                out = call(aten.addmm.default, bias2, a2, b2, **n.kwargs) if bias is not None else \
+                    call(aten.mm.default, a2, b2)
+                out = _slice_back(call, out, (M, N), pm, pn)
         # the result keeps the matmul's traced value (eager's dense strides): where it is returned, directly
         # or through views, the lowering's output check copies it into them
         out.meta["val"] = n.meta["val"]
         n.replace_all_uses_with(out)
         g.erase_node(n)
+
+
+def _slice_back(call, x, shape, rows, cols):
+    """x, padded by `rows` and `cols`, sliced back to `shape`."""
+    if rows:
+        x = call(aten.slice.Tensor, x, 0, 0, shape[0])
+    if cols:
+        x = call(aten.slice.Tensor, x, 1, 0, shape[1])
+    return x
+
+
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.slice.Tensor, aten.select.int,
+          aten.permute.default, aten.t.default, aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim,
+          aten.squeeze.dims, aten.squeeze.default, aten.expand.default, aten.alias.default}
+
+
+def _returned(node) -> bool:
+    """Does the graph return node, or a view of it?"""
+    return any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS and _returned(u))
+               for u in node.users)
 
 
 def _transposed_base(x):
