@@ -55,8 +55,14 @@ def main():
     # ember::padded_mm's row chunks (one chunk-sized buffer instead of a whole padded product)
     import ember  # noqa: F401  (registers ember::padded_mm)
     from ember.graph.ops import padded_mm
+    from ember.runtime.row_copy import copy_rows
     wp = F.pad(w, (0, 0, 0, pad)).t()
+    full = h @ wp
+    dense = torch.empty(T, V, device="cuda", dtype=h.dtype)
     for label, fn in (("padded product + dense copy", lambda: (h @ wp)[:, :V].contiguous()),
+                      ("the padded product alone", lambda: h @ wp),
+                      ("ATen's copy of it", lambda: dense.copy_(full[:, :V])),
+                      ("ember's row copy of it", lambda: copy_rows(dense, full[:, :V])),
                       ("ember::padded_mm (row chunks)", lambda: padded_mm(h, wp, None, T, V)),
                       ("unpadded", lambda: h @ w.t())):
         us = do_bench(fn) * 1e3
@@ -67,6 +73,10 @@ def main():
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         print(f"returned logits, {label:32} {us:7.0f} us  peak {peak:6.0f} MiB", flush=True)
     assert (padded_mm(h, wp, None, T, V) - (h @ wp)[:, :V]).abs().max().item() == 0
+    from ember.graph import ops
+    for mb in (32, 64, 128, 256):
+        ops.PADDED_MM_CHUNK_BYTES = mb << 20
+        print(f"ember::padded_mm with {mb:3} MB chunks: {do_bench(lambda: padded_mm(h, wp, None, T, V)) * 1e3:6.0f} us")
 
 
 if __name__ == "__main__":

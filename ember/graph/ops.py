@@ -45,6 +45,7 @@ def padded_mm_rows(m: int, padded_cols: int, itemsize: int) -> int:
 
 
 def _padded_mm(a: torch.Tensor, b: torch.Tensor, bias, m: int, n: int):
+    from ..runtime.row_copy import copy_rows
     out = a.new_empty((m, n))
     rows = padded_mm_rows(m, b.shape[1], a.element_size())
     chunk = a.new_empty((rows, b.shape[1]))
@@ -54,7 +55,7 @@ def _padded_mm(a: torch.Tensor, b: torch.Tensor, bias, m: int, n: int):
             torch.mm(a[r:r + c], b, out=chunk[:c])
         else:
             torch.addmm(bias, a[r:r + c], b, out=chunk[:c])
-        out[r:r + c].copy_(chunk[:c, :n])
+        copy_rows(out[r:r + c], chunk[:c, :n])
     return out
 
 
