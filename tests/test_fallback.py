@@ -368,3 +368,22 @@ def test_conv_fallback_with_fused_epilogue(device):
     x, w, b = torch.randn(2, 3, 8, 8, device=device), torch.randn(4, 3, 3, 3, device=device), torch.randn(4, device=device)
     check(lambda a, ww, bb: F.relu(F.conv2d(a * 2, ww, bb, padding=1)).mean((2, 3)), x, w, b, grad=True)
     assert fallback_count("convolution") >= 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_extern_reading_a_view_of_a_returned_value_shares_its_buffer(device, grad):
+    """Attention probabilities: softmax in 4-D, read by a bmm in 3-D and returned (or saved for the
+    backward) in 4-D. The bmm's operand is a view of the stored probabilities, not a second stored copy
+    of the same values (BERT's forward wrote each attention matrix twice)."""
+    def fn(x, v):
+        p = torch.softmax(x, -1)
+        return torch.bmm(p.view(12, 16, 16), v), p
+
+    x, v = torch.randn(4, 3, 16, 16, device=device), torch.randn(12, 16, 8, device=device)
+    ember.metrics.reset()
+    with torch.set_grad_enabled(grad):
+        check(fn, x, v, grad=grad)
+    if not grad:
+        assert ember.metrics.buffers_allocated == 1, ember.metrics.summary()
+    else:      # forward: the probabilities, saved and returned; backward: the softmax gradient
+        assert ember.metrics.buffers_allocated <= 3, ember.metrics.summary()

@@ -18,6 +18,7 @@ from ..ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, Loops, Mul
                         TensorBox)
 from ..ir.symbolic import hint, sympify
 from .graph import _is_dense, _same_shape
+from .views import stored_view
 
 aten = torch.ops.aten
 
@@ -30,6 +31,10 @@ def realize_arg(a, meta=None):
     if isinstance(a, TensorBox):
         if isinstance(a.data, Loops) and _same_shape(meta, a):
             stride = [sympify(s) for s in meta.stride()] if _is_dense(meta) else _dense_strides_like(meta, a)
+            view = stored_view(a, stride)
+            if view is not None:
+                a.data = view
+                return view
             order = _permuted_order(list(a.get_size()), stride) if isinstance(a.data, Pointwise) else None
             if order is None:
                 state.current_graph().store_with_strides(a, stride)

@@ -33,7 +33,53 @@ def make_view(x: TensorBox, size, layout_fn, reindex) -> TensorBox:
         if new_layout is not None:
             return TensorBox(ReinterpretView(buf, new_layout))
     loader = x.make_loader()
-    return TensorBox.pointwise(x.device, x.dtype, lambda idx: loader(reindex(idx)), list(size))
+    view = TensorBox.pointwise(x.device, x.dtype, lambda idx: loader(reindex(idx)), list(size))
+    view.data.view_of = (x, layout_fn)
+    return view
+
+
+def stored_view(box: TensorBox, stride=None):
+    """A ReinterpretView for `box` when it is a view (reshape, permute, expand ...) of a value not yet
+    stored: the base is stored, dense, and the view becomes a view of its buffer, as it would have been
+    had the base been stored first. An extern reading the view and a graph output (or another reader) of
+    the base then share one buffer; storing the view itself made a second copy of the same values (BERT's
+    attention probabilities: saved for the backward in 4-D, read by a bmm in 3-D). None, storing nothing,
+    where the view would have other strides than `stride` (size-1 dims aside), reads fewer elements than
+    its base (a slice: storing the base would compute unread ones) or cannot be a view of it."""
+    layout = _prospective_layout(box)
+    if layout is None or (stride is not None and any(
+            n != 1 and a != b for n, a, b in zip(layout.size, layout.stride, stride))):
+        return None
+    base, layout_fn = box.data.view_of
+    if not base.is_realized():
+        inner = stored_view(base)
+        if inner is not None:
+            base.data = inner
+        else:
+            base.realize()
+    buf, base_layout = _strided_base(base)
+    return ReinterpretView(buf, layout_fn(base_layout))
+
+
+def _prospective_layout(box: TensorBox):
+    """The layout stored_view would give box, storing nothing; None where it gives none."""
+    link = getattr(box.data, "view_of", None)
+    if link is None:
+        return None
+    base, layout_fn = link
+    try:
+        if int(hint(product(base.get_size()))) > int(hint(product(box.get_size()))):
+            return None
+    except (TypeError, ValueError):
+        return None
+    if base.is_realized():
+        stored = _strided_base(base)
+        base_layout = stored[1] if stored is not None else None
+    else:
+        base_layout = _prospective_layout(base)
+        if base_layout is None and isinstance(base.data, Pointwise):
+            base_layout = Layout.contiguous(base.device, base.dtype, base.get_size())
+    return layout_fn(base_layout) if base_layout is not None else None
 
 
 def _dim(d, ndim):
