@@ -10,7 +10,7 @@ from typing import Optional
 
 import sympy
 
-from ..ir.symbolic import hint, product, statically_known_equal
+from ..ir.symbolic import hint, product, simplify_index, statically_known_equal
 
 
 def _contiguous_dim(expr, ivars) -> Optional[int]:
@@ -32,7 +32,10 @@ def choose_tiling(group) -> Optional[tuple]:
     for n in group.nodes:
         if len(n.ranges) < 2 or n.has_indirect:
             continue
-        dims = {_contiguous_dim(d.index, n.ivars) for d in n.read_deps + n.write_deps}
+        # a view of a view (BERT's keys: reshaped, permuted, flattened to [heads, dim, seq]) leaves floors
+        # and mods of flattened indices that the loop ranges reduce to plain variables
+        ranges = tuple(zip(n.ivars, n.ranges))
+        dims = {_contiguous_dim(simplify_index(d.index, ranges), n.ivars) for d in n.read_deps + n.write_deps}
         dims.discard(None)
         if not dims:
             continue
