@@ -98,10 +98,11 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 # weight gradients, 96 rows of 50176 read along columns, took 1.0-1.3 ms unsplit (3 programs).
 _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 SPLIT_ROWS = 8192           # partial rows to aim for: enough programs even at XBLOCK 64
-# elements of a row one partial reduces, at least. 128, not 512: a bias gradient (the sum over 2048 tokens of
-# a [2048, 768] bf16 gradient, 61 per BERT training step) split in 4 took 5.2 us on an H200, split in 16
-# 3.5 us (inductor 4.3; scripts/column_sum_probe.py, session 11)
-SPLIT_MIN_CHUNK = 128
+# elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
+# BERT's) was split into three kernels (GPT-2 inference went from 41 kernels to 104); a bias gradient's
+# column sum over 2048 tokens did gain from 16 chunks of 128 (scripts/column_sum_probe.py, session 11), which
+# wants a rule for strided-dim sums alone
+SPLIT_MIN_CHUNK = 512
 SPLIT_MIN_ELEMENTS = 1 << 18
 
 
