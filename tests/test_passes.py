@@ -398,6 +398,26 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
     assert ops.padded_mm in seen
 
 
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, monkeypatch, returned):
+    """gelu(linear(x, w, b)) under bf16 autocast: the bias is added (and cast) by the GELU's kernel, not by
+    the GEMM after a cast kernel of its own. Where the product itself is returned, the addmm stays."""
+    from ember.codegen import backends
+    monkeypatch.setattr(backends, "adds_matmul_bias_in_epilogue", lambda device: True)
+    seen = []
+    x, w, b = (torch.randn(64, 96, device=device), torch.randn(128, 96, device=device),
+               torch.randn(128, device=device))
+
+    def fn(x, w, b):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            y = F.linear(x, w, b)
+            return (F.gelu(y), y) if returned else F.gelu(y)
+    with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        check(fn, x, w, b, rtol=2e-2, atol=2e-2)
+    assert (aten.addmm.default in seen) == returned
+    assert (aten.mm.default in seen) == (not returned)
+
+
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
     from ember.codegen import backends

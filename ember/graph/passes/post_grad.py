@@ -120,6 +120,47 @@ def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
         g.erase_node(m)
 
 
+_VIEWS_OF_ROWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _feeds_pointwise_only(node) -> bool:
+    """Do all of node's readers (through reshapes) compute elementwise (ATen's pointwise tag)?"""
+    for u in node.users:
+        if u.op != "call_function":
+            return False
+        if u.target in _VIEWS_OF_ROWS:
+            if not _feeds_pointwise_only(u):
+                return False
+        elif not (isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags):
+            return False
+    return bool(node.users)
+
+
+def unfuse_bias_addmm(gm: torch.fx.GraphModule) -> None:
+    """`addmm(bias, a, b)` whose result only feeds pointwise ops is `mm(a, b) + bias`: the add (and
+    autocast's cast of the bias) then runs in the kernel of those ops, which reads the product anyway,
+    instead of as a separate cast kernel before the GEMM (codegen.backends.adds_matmul_bias_in_epilogue).
+    A 16-bit product is then rounded before the bias is added, as inductor's does."""
+    from ...codegen.backends import adds_matmul_bias_in_epilogue
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "call_function" or n.target is not aten.addmm.default or n.kwargs:
+            continue
+        bias, a, b = n.args
+        val, bval = n.meta.get("val"), bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+        if val is None or bval is None or bval.dim() != 1 or bval.dtype != val.dtype or \
+                not adds_matmul_bias_in_epilogue(val.device) or not _feeds_pointwise_only(n):
+            continue
+        with g.inserting_before(n):
+            mm = g.call_function(aten.mm.default, (a, b))
+            out = g.call_function(aten.add.Tensor, (mm, bias))
+        with val.fake_mode:
+            mm.meta["val"] = torch.mm(a.meta["val"], b.meta["val"])
+        out.meta["val"] = val
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+
+
 # A matmul below this many multiply-adds keeps its sizes: the padded copies would cost about what the
 # misaligned GEMM loses
 PAD_MATMUL_MIN_MACS = 2 ** 31
@@ -258,7 +299,8 @@ def _dtype(node):
     return getattr(v, "dtype", None)
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, pad_matmuls, dead_code_elimination]
+PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, unfuse_bias_addmm, pad_matmuls,
+                dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
