@@ -400,8 +400,9 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
 
 @pytest.mark.parametrize("returned", [False, True])
 def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, monkeypatch, returned):
-    """gelu(linear(x, w, b)) under bf16 autocast: the bias is added (and cast) by the GELU's kernel, not by
-    the GEMM after a cast kernel of its own. Where the product itself is returned, the addmm stays."""
+    """gelu(linear(x, w, b)): the bias is added by the GELU's kernel, not by the GEMM (under bf16 autocast
+    after a cast kernel of its own). Where the product itself is returned, the addmm stays. Float32: the
+    Triton interpreter truncates bf16 casts where a GPU rounds."""
     from ember.codegen import backends
     monkeypatch.setattr(backends, "adds_matmul_bias_in_epilogue", lambda device: True)
     seen = []
@@ -409,11 +410,10 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
                torch.randn(128, device=device))
 
     def fn(x, w, b):
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            y = F.linear(x, w, b)
-            return (F.gelu(y), y) if returned else F.gelu(y)
+        y = F.linear(x, w, b)
+        return (F.gelu(y), y) if returned else F.gelu(y)
     with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
-        check(fn, x, w, b, rtol=2e-2, atol=2e-2)
+        check(fn, x, w, b, rtol=1e-4, atol=1e-4)
     assert (aten.addmm.default in seen) == returned
     assert (aten.mm.default in seen) == (not returned)
 
