@@ -6,22 +6,11 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ember  # noqa: E402
+from benchmarks.kernels import device_ms  # noqa: E402
 import ember.lowering.reductions as R  # noqa: E402
-
-
-def kernel_us(fn, *args):
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(20):
-            fn(*args)
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in p.key_averages()) / 20
 
 
 def bias_grad(g):
@@ -34,14 +23,15 @@ def main():
         g = torch.randn(*shape, device="cuda").bfloat16()
         res = {}
         torch._dynamo.reset()
-        res["inductor"] = kernel_us(torch.compile(bias_grad), g)
+        compiled = torch.compile(bias_grad)
+        res["inductor"] = 1e3 * device_ms(lambda: compiled(g))
         for label, pmax, chunk in (("ember chunk512", None, 512), ("ember chunk128", None, 128),
                                    ("ember looped chunk512", 16, 512), ("ember looped chunk128", 16, 128)):
             R.SPLIT_MIN_CHUNK = chunk
             torch._dynamo.reset()
             with ember.config.patch(**({"persistent_reduction_max": pmax} if pmax else {})):
                 f = torch.compile(bias_grad, backend="ember")
-                res[label] = kernel_us(f, g)
+                res[label] = 1e3 * device_ms(lambda: f(g))
                 torch.testing.assert_close(f(g), bias_grad(g), rtol=1e-3, atol=1e-2)
         R.SPLIT_MIN_CHUNK = default
         print(shape, "  ".join(f"{k} {v:.2f} us" for k, v in res.items()), flush=True)

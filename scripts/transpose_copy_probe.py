@@ -6,22 +6,11 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ember  # noqa: E402,F401
+from benchmarks.kernels import device_ms  # noqa: E402
 from ember.schedule import tiling  # noqa: E402
-
-
-def kernel_us(fn, *args):
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(20):
-            fn(*args)
-        torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in p.key_averages()) / 20
 
 
 def keys(k):
@@ -34,19 +23,18 @@ def queries(k):
 
 def main():
     k = torch.randn(2048, 768, device="cuda").bfloat16()
-    choose = tiling.choose_tiling
-    users = [m for m in list(sys.modules.values()) if getattr(m, "choose_tiling", None) is choose]
+    choose = tiling.choose_tiling      # codegen.backends imports it from the module at each kernel
     for name, fn in (("keys", keys), ("queries", queries)):
         res = {}
         for label, rule in (("ember tiled", choose), ("ember flat", lambda group: None)):
-            for m in users:
-                m.choose_tiling = rule
+            tiling.choose_tiling = rule
             torch._dynamo.reset()
-            res[label] = kernel_us(torch.compile(fn, backend="ember"), k)
-        for m in users:
-            m.choose_tiling = choose
+            compiled = torch.compile(fn, backend="ember")
+            res[label] = 1e3 * device_ms(lambda: compiled(k))
+        tiling.choose_tiling = choose
         torch._dynamo.reset()
-        res["inductor"] = kernel_us(torch.compile(fn), k)
+        compiled = torch.compile(fn)
+        res["inductor"] = 1e3 * device_ms(lambda: compiled(k))
         print(f"{name:8}" + "  ".join(f"{a} {b:.2f} us" for a, b in res.items()), flush=True)
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from .. import config, state
+from ..graph.passes.common import VIEW_OPS
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
@@ -237,7 +238,7 @@ class GraphLowering(torch.fx.Interpreter):
         not give eager's layout."""
         chain = []
         while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
-                (node.target in _VIEW_OPS or _is_split_item(node)):
+                (node.target in VIEW_OPS or _is_split_item(node)):
             chain.append(node)
             node = node.args[0].args[0] if _is_split_item(node) else node.args[0]
         base = self.env.get(node) if isinstance(node, torch.fx.Node) else None
@@ -301,11 +302,6 @@ def _differs_from(layout, meta) -> bool:
             [sympify(s) for s in meta.shape] != list(layout.size):
         return False
     return any(sympify(n) != 1 and a != sympify(b) for n, a, b in zip(meta.shape, layout.stride, meta.stride()))
-
-
-_VIEW_OPS = {aten.slice.Tensor, aten.select.int, aten.permute.default, aten.transpose.int, aten.t.default,
-             aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
-             aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.alias.default}
 
 
 def _is_split_item(node) -> bool:

@@ -1,9 +1,19 @@
-"""Running a named list of FX passes, built-in then the user's (from ember.config)."""
+"""Running a named list of FX passes, built-in then the user's (from ember.config); what passes and the
+lowering share about ATen ops."""
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
+import torch
 import torch.fx
+
+aten = torch.ops.aten
+
+# ATen ops whose result is a view of their first argument
+VIEW_OPS = frozenset({
+    aten.slice.Tensor, aten.select.int, aten.permute.default, aten.transpose.int, aten.t.default,
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default, aten.squeeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.alias.default})
 
 
 def run_passes(gm: torch.fx.GraphModule, passes: Iterable[Callable], user_passes: Iterable[Callable]) -> torch.fx.GraphModule:

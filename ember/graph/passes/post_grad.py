@@ -7,7 +7,7 @@ import torch
 import torch.fx
 
 from ... import config
-from .common import dead_code_elimination, run_passes
+from .common import VIEW_OPS, dead_code_elimination, run_passes
 
 aten = torch.ops.aten
 
@@ -188,6 +188,7 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     g = gm.graph
     padded = {}           # (node, rows, cols) -> its padded form
     unpadded = {}         # a padded form sliced back -> the node it was padded from
+    pads = set()          # the pad nodes made here (no reader to redirect)
 
     def call(op, *args, **kwargs):
         node = g.call_function(op, args, kwargs)
@@ -214,19 +215,17 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
         computed = x.op == "call_function"
         with g.inserting_before(x.next if computed else n):     # (inserting_after(x) would reverse a chain)
             p = padded[x, rows, cols] = call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+        pads.add(p)
         if computed:
-            readers = [u for u in x.users if u is not p and u.op != "output" and u not in pads]
-            pads.add(p)
+            readers = [u for u in x.users if u.op != "output" and u not in pads]
             if readers:
                 with g.inserting_before(p.next):
                     back = _slice_back(call, p, x.meta["val"].shape, rows, cols)
                 unpadded[back] = x
                 for u in readers:
                     u.replace_input_with(x, back)
-        pads.add(p)
         return p
 
-    pads = set()
     for n in list(g.nodes):
         if n.op != "call_function" or n.target not in (aten.mm.default, aten.addmm.default):
             continue
@@ -271,14 +270,9 @@ def _slice_back(call, x, shape, rows, cols):
     return x
 
 
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.slice.Tensor, aten.select.int,
-          aten.permute.default, aten.t.default, aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim,
-          aten.squeeze.dims, aten.squeeze.default, aten.expand.default, aten.alias.default}
-
-
 def _returned(node) -> bool:
     """Does the graph return node, or a view of it?"""
-    return any(u.op == "output" or (u.op == "call_function" and u.target in _VIEWS and _returned(u))
+    return any(u.op == "output" or (u.op == "call_function" and u.target in VIEW_OPS and _returned(u))
                for u in node.users)
 
 
