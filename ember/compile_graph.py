@@ -119,6 +119,7 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     dump.write("fx_graph.txt", lambda: gm.print_readable(print_output=False))
     decomp.pin_factory_devices(gm)
     gm = decomp.decompose(gm, example_inputs)
+    gm.meta[post_grad.GRAPH_KIND] = kind
     gm = post_grad.run(gm)
     dump.write("post_grad_graph.txt", lambda: gm.print_readable(print_output=False))
 

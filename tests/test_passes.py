@@ -398,6 +398,35 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
     assert ops.padded_mm in seen
 
 
+def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(device, monkeypatch):
+    """GPT-2's LM head in inference: the logits, a view of the product padded along N, are returned with
+    the padded row stride (as inductor returns them), values as eager's: no dense copy, no row chunks
+    (ember::padded_mm's chunks made GPT-2 inference 4.1-5.3 ms per step back to back against 2.6)."""
+    from ember.graph import ops
+    _force_padding(monkeypatch)
+    seen = []
+    B, S, H, V = 2, 48, 64, 1001
+    h, w = torch.randn(B, S, H, device=device), torch.randn(V, H, device=device)
+    with torch.no_grad(), \
+            ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        logits = check(lambda h, w: (h.view(-1, H) @ w.t()).view(B, S, V), h, w, **_padding_tolerance(device))
+    assert ops.padded_mm not in seen and aten.constant_pad_nd.default in seen
+    padded = V + -V % (16 // h.element_size())          # _force_padding aligns rows to 16 bytes
+    assert logits.stride() == (S * padded, padded, 1), logits.stride()
+
+
+def test_an_inference_product_that_only_a_copy_can_reshape_is_returned_dense(device, monkeypatch):
+    """The padded product flattened (a view no padded stride allows): ember::padded_mm, dense."""
+    from ember.graph import ops
+    _force_padding(monkeypatch)
+    seen = []
+    x, w = torch.randn(64, 96, device=device), torch.randn(1001, 96, device=device)
+    with torch.no_grad(), \
+            ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
+        out = check(lambda x, w: (x @ w.t()).view(-1), x, w, **_padding_tolerance(device))
+    assert ops.padded_mm in seen and out.is_contiguous()
+
+
 @pytest.mark.parametrize("returned", [False, True])
 def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, monkeypatch, returned):
     """gelu(linear(x, w, b)): the bias is added by the GELU's kernel, not by the GEMM (under bf16 autocast

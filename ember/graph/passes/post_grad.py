@@ -10,6 +10,8 @@ from ... import config
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 
 aten = torch.ops.aten
+# gm.meta[GRAPH_KIND]: "forward", "backward" or "inference", set by compile_graph before the passes run
+GRAPH_KIND = "ember_graph_kind"
 
 
 def remove_noop_ops(gm: torch.fx.GraphModule) -> None:
@@ -180,12 +182,15 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     computed, and its other readers read the padded tensor sliced back: its producer then writes the
     padded form directly and the unpadded one is never stored (GPT-2's and BERT's logits gradient feeds
     both gradient matmuls and the bias gradient). An input (a weight) is padded right before the matmul.
-    A result padded along N that the graph returns must come out dense (a training forward's backward
-    reads saved outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole
-    padded product sits beside the dense copy."""
+    A result padded along N that a forward graph returns must come out dense (the backward reads saved
+    outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole padded product
+    sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
+    padded row stride, as inductor does: no copy, no chunks (GPT-2's logits: 2.6 ms per step where the
+    row chunks took 4.1-5.3 back to back, scripts/host_profile.py)."""
     from ...codegen.backends import matmul_alignment
     from ..ops import padded_mm
     g = gm.graph
+    inference = gm.meta.get(GRAPH_KIND) == "inference"
     padded = {}           # (node, rows, cols) -> its padded form
     unpadded = {}         # a padded form sliced back -> the node it was padded from
     pads = set()          # the pad nodes made here (no reader to redirect)
@@ -246,19 +251,51 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
         if not (pm or pk or pn):
             continue
         a2, b2 = pad(a, pm, pk), pad(b, pk, pn)
+        returned = bool(pn) and _returned(n)
         with g.inserting_before(n):
             bias2 = call(aten.constant_pad_nd.default, bias, [0, pn]) if bias is not None and pn else bias
-            if pn and _returned(n):
-                out = call(padded_mm, a2, b2, bias2, M, N)
-            else:
+            out = None
+            if not returned or inference:
                 out = call(aten.addmm.default, bias2, a2, b2, **n.kwargs) if bias is not None else \
                     call(aten.mm.default, a2, b2)
                 out = _slice_back(call, out, (M, N), pm, pn)
+            restrided = _views_restrided(n, out.meta["val"]) if returned and out is not None else None
+            if returned and restrided is None:
+                out = call(padded_mm, a2, b2, bias2, M, N)
+        if restrided is not None:
+            # an inference graph returns the padded product's views with the padded strides
+            n.replace_all_uses_with(out)
+            g.erase_node(n)
+            for view, val in restrided.items():
+                view.meta["val"] = val
+            continue
         # the result keeps the matmul's traced value (eager's dense strides): where it is returned, directly
         # or through views, the lowering's output check copies it into them
         out.meta["val"] = n.meta["val"]
         n.replace_all_uses_with(out)
         g.erase_node(n)
+
+
+def _views_restrided(node, val):
+    """{view: its traced value} for every view read from node (and from those views) when node's value is
+    `val` (a padded product sliced back: the padded row stride), or None where a view cannot be taken of
+    it (a reshape that would have to copy)."""
+    vals = {}
+
+    def walk(n, v):
+        for u in n.users:
+            if u.op == "call_function" and u.target in VIEW_OPS:
+                args = [v if a is n else (a.meta["val"] if isinstance(a, torch.fx.Node) else a) for a in u.args]
+                try:
+                    with v.fake_mode:
+                        out = u.target(*args, **u.kwargs)
+                except Exception:        # a view that would have to copy (fake tensors raise their own types)
+                    return False
+                vals[u] = out
+                if walk(u, out) is False:
+                    return False
+        return True
+    return vals if walk(node, val) else None
 
 
 def _slice_back(call, x, shape, rows, cols):
