@@ -116,16 +116,21 @@ def matmul_alignment(device: torch.device) -> int:
     return 16 if device.type == "cuda" else 0
 
 
+def guarded_device_index(program):
+    """The GPU that guard_current_device makes current while the program runs, else None: no GPU kernel
+    (ATen calls follow their tensors' device themselves), "the current device", or kernels on several
+    GPUs in one graph (not guarded: each launch would need its own)."""
+    indices = {k.device.index for k in program.kernels() if k.backend == "triton" and k.device is not None}
+    return next(iter(indices)) if len(indices) == 1 and None not in indices else None
+
+
 def guard_current_device(fn, program):
     """`fn`, made to run with its kernels' GPU as the current device. Triton launches on the current
     device (its stream, the binary loaded there), not on the device of the tensors it is given: a graph on
     cuda:1 called while cuda:0 is current would run its kernels on cuda:0 with pointers into cuda:1."""
-    indices = {k.device.index for k in program.kernels() if k.backend == "triton" and k.device is not None}
-    if len(indices) != 1 or None in indices:
-        # no GPU kernel (ATen calls follow their tensors' device themselves), "the current device", or
-        # kernels on several GPUs in one graph (not guarded: each launch would need its own)
+    index = guarded_device_index(program)
+    if index is None:
         return fn
-    index, = indices
     guard = torch.cuda._DeviceGuard
     # C, not torch.cuda.current_device: the guard's enter and exit cost ~1 us a call when nothing changes
     current = getattr(torch._C, "_cuda_getDevice", lambda: None)

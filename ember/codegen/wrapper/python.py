@@ -9,6 +9,8 @@ import torch
 from ... import config, metrics
 from ...runtime.checks import check_layout, conform_layout, debug_sync
 from ...runtime.loader import load_module, load_triton_kernels
+from ...runtime.tensors import fast_empty_strided, reinterpret
+from ..backends import guarded_device_index
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
                     Reuse, SymbolDef, View, WrapperProgram, device_call_label)
@@ -18,9 +20,15 @@ class PythonWrapper:
     def __init__(self, program: WrapperProgram):
         self.program = program
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
-                                        "as_strided": torch.as_strided, "check_layout": check_layout,
+                                        "as_strided": reinterpret, "check_layout": check_layout,
                                         "conform_layout": conform_layout, "debug_sync": debug_sync}
         self._ids: dict[int, str] = {}
+        # buffers on the device the program runs with as current, and on the CPU, are allocated by torch's
+        # C allocator entry (runtime/tensors.py): no device argument to parse
+        self._fast_alloc = {"cpu"}
+        index = guarded_device_index(program)
+        if index is not None:
+            self._fast_alloc.add(f"cuda:{index}")
 
     def const(self, obj, hint: str) -> str:
         """A global name for an object the source cannot spell."""
@@ -81,6 +89,10 @@ class PythonWrapper:
             call = {"size": f"size({ln.dim})", "stride": f"stride({ln.dim})", "offset": "storage_offset()"}[ln.what]
             return [f"{ln.name} = {ln.source}.{call}"]
         if isinstance(ln, Allocate):
+            fast = fast_empty_strided(ln.device.type) if str(ln.device) in self._fast_alloc else None
+            if fast is not None:
+                alloc = self.const(fast, f"empty_strided_{ln.device.type}")
+                return [f"{ln.name} = {alloc}({v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.dtype)})"]
             return [f"{ln.name} = empty_strided({v(tuple(ln.size))}, {v(tuple(ln.stride))}, "
                     f"dtype={v(ln.dtype)}, device={v(ln.device)})"]
         if isinstance(ln, Free):
@@ -96,7 +108,9 @@ class PythonWrapper:
                 return [f"{ln.name}.run({args})"]
             return [f"{ln.name}[{v(tuple(ln.grid))}]({args}, {meta})"]
         if isinstance(ln, CallExtern):
-            op = self.const(ln.op, f"aten_{ln.op.__name__}" if hasattr(ln.op, "__name__") else "op")
+            # an OpOverload's __call__ is one Python frame around its C entry: call the entry
+            target = ln.op._op if isinstance(ln.op, torch._ops.OpOverload) else ln.op
+            op = self.const(target, f"aten_{ln.op.__name__}" if hasattr(ln.op, "__name__") else "op")
             args = [v(a) for a in ln.args] + [f"{k}={v(x)}" for k, x in ln.kwargs.items()]
             call = f"{op}({', '.join(args)})"
             return [f"{ln.name} = {call}" if ln.name else call]
