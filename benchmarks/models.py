@@ -114,6 +114,15 @@ def make_inputs(name: str, mode: str, small: bool, n_out: int, device: str) -> d
     return {k: v.to(device) for k, v in inp.items()}
 
 
+def model_and_inputs(name: str, mode: str, device: str = "cuda"):
+    """(model, inputs) of one full-size benchmark step, as the probes in scripts/ build them: bf16 weights
+    for inference, float32 (trained under bf16 autocast) for training."""
+    torch.manual_seed(0)
+    m0, n_out = build(name, False)
+    model = m0.to(device=device, dtype=bf16 if mode == "infer" else torch.float32).train(mode == "train")
+    return model, make_inputs(name, mode, False, n_out, device)
+
+
 def forward(model, inp: dict, train: bool):
     """The model's outputs (infer) or its loss (train)."""
     if "x" in inp:
