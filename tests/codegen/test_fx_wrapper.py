@@ -93,6 +93,28 @@ def test_every_line_type_matches_the_python_wrapper():
     assert "launch_kernel" in code and "torch.as_strided" in code and "torch.empty_strided" in code
 
 
+def test_the_python_wrapper_allocates_views_and_calls_through_c_entries():
+    """Host time: a buffer on the CPU comes from torch's C allocator entry, an ATen call goes to the op's
+    C entry (not OpOverload.__call__), a view is a reinterpreted tensor; the values are eager's."""
+    from ember.runtime.tensors import fast_empty_strided
+    f32, cpu = torch.float32, torch.device("cpu")
+    program = WrapperProgram(["x"], [
+        Allocate("buf0", [6, 7], [7, 1], f32, cpu),
+        CallExtern(None, aten.mul.out, [Name("x"), 2.0], {"out": Name("buf0")}),
+        View("view0", "buf0", [7, 6], [1, 7], 0),
+        CallExtern("buf1", aten.add.Tensor, [Name("view0"), 1.0], {}),
+        Return([Name("buf1"), Name("view0")]),
+    ], {})
+    fn, source = compile_python(program)
+    x = torch.randn(6, 7)
+    out, view = fn([x])
+    torch.testing.assert_close(out, (x * 2).t() + 1)
+    assert view.stride() == (1, 7) and view.data_ptr() != x.data_ptr()
+    assert fn.__globals__["aten_add_Tensor"] is aten.add.Tensor._op, source
+    if fast_empty_strided("cpu") is not None:
+        assert "empty_strided_cpu(" in source, source
+
+
 @needs_interpreter
 def test_kernel_launches_survive_dead_code_elimination():
     program = _every_line_program()
