@@ -123,6 +123,31 @@ def model_and_inputs(name: str, mode: str, device: str = "cuda"):
     return model, make_inputs(name, mode, False, n_out, device)
 
 
+def probe_arguments(steps: int, top: int):
+    """The command line of the step probes in scripts/: MODEL MODE [BACKENDS] [--steps N] [--top N]."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("mode", choices=["infer", "train"])
+    ap.add_argument("backends", nargs="?", default="inductor,ember")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--top", type=int, default=top)
+    return ap.parse_args()
+
+
+def warm_step(model, inp: dict, mode: str, backend: str, device: str = "cuda"):
+    """step() of model compiled by backend ("eager": as is), after three warm-up steps and a sync."""
+    torch._dynamo.reset()
+    f = model if backend == "eager" else torch.compile(model, backend=backend)
+
+    def step():
+        return run_step(f, inp, mode, device)
+    for _ in range(3):
+        step()
+    sync(device)
+    return step
+
+
 def forward(model, inp: dict, train: bool):
     """The model's outputs (infer) or its loss (train)."""
     if "x" in inp:

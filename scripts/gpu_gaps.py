@@ -4,7 +4,7 @@ the GPU's busy time against the span, and the longest idle gaps with the GPU wor
 A step whose wall time exceeds both its host time (scripts/host_profile.py) and its kernel time
 (scripts/profile_model.py) has the GPU waiting on something other than launches; the gaps name it.
 """
-import argparse, json, os, sys, tempfile
+import json, os, sys, tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch, ember  # noqa: F401  (registers the backend)
 import benchmarks.models as M
@@ -34,23 +34,13 @@ def gaps(trace_path: str, top: int) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("mode", choices=["infer", "train"])
-    ap.add_argument("backends", nargs="?", default="inductor,ember")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--top", type=int, default=15)
-    a = ap.parse_args()
+    a = M.probe_arguments(steps=5, top=15)
     init, inp = M.model_and_inputs(a.model, a.mode)
     for be in a.backends.split(","):
-        torch._dynamo.reset()
-        f = init if be == "eager" else torch.compile(init, backend=be)
-        for _ in range(3):
-            M.run_step(f, inp, a.mode, "cuda")
-        torch.cuda.synchronize()
+        step = M.warm_step(init, inp, a.mode, be)
         with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
             for _ in range(a.steps):
-                M.run_step(f, inp, a.mode, "cuda")
+                step()
             torch.cuda.synchronize()
         path = os.path.join(tempfile.mkdtemp(), "trace.json")
         prof.export_chrome_trace(path)

@@ -4,28 +4,17 @@ models benchmark times it), the host's own time per step, and a cProfile of a fe
 On the GPU machines we measure on, transformer steps are bound by host time (BERT training: ~7.6 ms of GPU
 work in a ~22 ms step), so this is where a backend's wall time goes.
 """
-import argparse, cProfile, io, os, pstats, sys, time
+import cProfile, io, os, pstats, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch, ember  # noqa: F401  (registers the backend)
 import benchmarks.models as M
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("mode", choices=["infer", "train"])
-    ap.add_argument("backends", nargs="?", default="inductor,ember")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--top", type=int, default=30)
-    a = ap.parse_args()
+    a = M.probe_arguments(steps=20, top=30)
     init, inp = M.model_and_inputs(a.model, a.mode)
     for be in a.backends.split(","):
-        torch._dynamo.reset()
-        f = init if be == "eager" else torch.compile(init, backend=be)
-        step = lambda: M.run_step(f, inp, a.mode, "cuda")   # noqa: E731
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
+        step = M.warm_step(init, inp, a.mode, be)
         wall, _ = M.timed_block(step, a.steps, "cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()

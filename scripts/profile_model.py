@@ -8,19 +8,12 @@ import benchmarks.models as M
 from torch.profiler import profile, ProfilerActivity
 name, mode = sys.argv[1], sys.argv[2]
 backends = sys.argv[3].split(",") if len(sys.argv) > 3 else ["eager", "inductor", "ember"]
-torch.manual_seed(0)
-m0, n_out = M.build(name, False)
-init = m0.to(device="cuda", dtype=torch.bfloat16 if mode == "infer" else torch.float32).train(mode == "train")
-inp = M.make_inputs(name, mode, False, n_out, "cuda")
+init, inp = M.model_and_inputs(name, mode)
 for be in backends:
-    torch._dynamo.reset()
-    f = init if be == "eager" else torch.compile(init, backend=be)
-    for _ in range(3):
-        M.run_step(f, inp, mode, "cuda")
-    torch.cuda.synchronize()
+    step = M.warm_step(init, inp, mode, be)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            M.run_step(f, inp, mode, "cuda")
+            step()
         torch.cuda.synchronize()
     rows = [(e.self_device_time_total / 5, e.count // 5, e.key) for e in prof.key_averages() if e.self_device_time_total > 0]
     rows.sort(reverse=True)

@@ -20,10 +20,6 @@ def fast_empty_strided(device_type: str):
     return _EMPTY.get(device_type)
 
 
-def _as_strided(base: torch.Tensor, size, stride, offset):
-    return torch.as_strided(base, size, stride, offset)
-
-
 # view(base, size, stride, offset): base's storage seen with other sizes and strides. Not an autograd view:
 # a wrapper runs with no tensor requiring grad (AOTAutograd's compiled functions, inference graphs)
-reinterpret = _REINTERPRET or _as_strided
+reinterpret = _REINTERPRET or torch.as_strided

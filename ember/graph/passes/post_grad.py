@@ -262,16 +262,14 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
             restrided = _views_restrided(n, out.meta["val"]) if returned and out is not None else None
             if returned and restrided is None:
                 out = call(padded_mm, a2, b2, bias2, M, N)
-        if restrided is not None:
+        if restrided is None:
+            # the result keeps the matmul's traced value (eager's dense strides): where it is returned,
+            # directly or through views, the lowering's output check copies it into them
+            out.meta["val"] = n.meta["val"]
+        else:
             # an inference graph returns the padded product's views with the padded strides
-            n.replace_all_uses_with(out)
-            g.erase_node(n)
             for view, val in restrided.items():
                 view.meta["val"] = val
-            continue
-        # the result keeps the matmul's traced value (eager's dense strides): where it is returned, directly
-        # or through views, the lowering's output check copies it into them
-        out.meta["val"] = n.meta["val"]
         n.replace_all_uses_with(out)
         g.erase_node(n)
 
@@ -292,7 +290,7 @@ def _views_restrided(node, val):
                 except Exception:        # a view that would have to copy (fake tensors raise their own types)
                     return False
                 vals[u] = out
-                if walk(u, out) is False:
+                if not walk(u, out):
                     return False
         return True
     return vals if walk(node, val) else None
