@@ -62,6 +62,8 @@ class Config:
     # Launch a compiled Triton kernel through its own launcher once its specialization has been seen
     # (runtime/launch.py): several us less host time per launch than Triton's JIT path.
     fast_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FAST_LAUNCH", True))
+    # ... and, where torch has one, through torch's C launcher instead of Triton's (runtime/static_launch.py)
+    static_launch: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_STATIC_LAUNCH", True))
     # Call an inference graph without AOTAutograd's runtime wrapper when that wrapper has nothing to do
     # (runtime/direct_call.py): a third less host time per call of a small graph.
     direct_inference_call: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DIRECT_CALL", True))

@@ -1,7 +1,8 @@
 """Host time of one Triton kernel launch, piece by piece (needs a CUDA GPU):
     python scripts/launch_probe.py
 Times (us per call, best of rounds): torch.empty_strided on the GPU, Triton's JIT launch, the compiled
-kernel's own launcher (`CompiledKernel.run`, what ember's Launcher calls), ember's Launcher, and an ATen op."""
+kernel's own launcher (`CompiledKernel.run`), torch's C launcher given the same kernel
+(runtime/static_launch.py), ember's Launcher through each of the two, and an ATen op."""
 import os
 import sys
 import time
@@ -11,7 +12,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ember import config  # noqa: E402
 from ember.runtime.launch import Launcher  # noqa: E402
+from ember.runtime.static_launch import static_launch  # noqa: E402
 
 
 @triton.jit
@@ -52,6 +55,11 @@ def main():
     L = Launcher(add_one)
     L[(1,)](x, o, 1024, XBLOCK=1024)
     L[(1,)](x, o, 1024, XBLOCK=1024)
+    with config.patch(static_launch=False):
+        T = Launcher(add_one)
+        T[(1,)](x, o, 1024, XBLOCK=1024)
+    go = static_launch(k, 3)
+    print("torch's C launcher takes the kernel:", go is not None)
     res = {
         "empty_strided": us(lambda: torch.empty_strided((1024,), (1,), dtype=torch.float32, device="cuda")),
         "aten add": us(lambda: torch.add(x, 1, out=o)),
@@ -59,7 +67,9 @@ def main():
         "CompiledKernel.run": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None, x, o, 1024, 1024)),
         "CompiledKernel.run (int ptrs)": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None,
                                                          x.data_ptr(), o.data_ptr(), 1024, 1024)),
+        "C launcher": us(lambda: go(1, 1, 1, stream, (x, o, 1024))) if go else float("nan"),
         "ember Launcher": us(lambda: L[(1,)](x, o, 1024, XBLOCK=1024)),
+        "ember Launcher (Triton's run)": us(lambda: T[(1,)](x, o, 1024, XBLOCK=1024)),
         "current stream": us(lambda: torch._C._cuda_getCurrentRawStream(0)),
     }
     print("back to back: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()))
@@ -74,7 +84,9 @@ def main():
         "aten add (small)": lambda: torch.add(x, 1, out=o),
         "CompiledKernel.run (small)": lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None,
                                                     None, x, o, 1024, 1024),
+        "C launcher (small)": (lambda: go(1, 1, 1, stream, (x, o, 1024))) if go else (lambda: None),
         "ember Launcher (small)": lambda: L[(1,)](x, o, 1024, XBLOCK=1024),
+        "ember Launcher, Triton's run (small)": lambda: T[(1,)](x, o, 1024, XBLOCK=1024),
         "eager add+gelu 8192^2": lambda: gelu(big, bias),
         "ember add+gelu 8192^2": lambda: compiled(big, bias),
     }

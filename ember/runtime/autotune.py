@@ -26,6 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .launch import Launcher
 from .loader import cache_dir
 
 log = logging.getLogger("ember")
@@ -61,6 +62,8 @@ class Autotuned:
         self.key = hashlib.sha256(source.encode()).hexdigest()[:24]
         self.best: dict = {}          # size class (powers of two) -> config
         self.ready: dict = {}         # exact size arguments -> (config, grid)
+        # ember's Launcher takes (grid, args, meta) without the frame and closure of `fn[grid](...)`
+        self._launch = fn.launch if isinstance(fn, Launcher) else (lambda grid, args, meta: fn[grid](*args, **meta))
 
     def grid(self, cfg: dict, args) -> tuple:
         x = args[self.tuning.xnumel_arg]
@@ -70,7 +73,7 @@ class Autotuned:
         return g
 
     def launch(self, cfg: dict, args) -> None:
-        self.fn[self.grid(cfg, args)](*args, **cfg)
+        self._launch(self.grid(cfg, args), args, cfg)
 
     def run(self, *args) -> None:
         # the launch path runs on every call: one dict lookup by the exact sizes (xnumel, rnumel and size
@@ -84,7 +87,7 @@ class Autotuned:
                 cfg = self.best[sizes] = self._choose(sizes, args)
             hit = self.ready[ints] = (cfg, self.grid(cfg, args))
         cfg, grid = hit
-        self.fn[grid](*args, **cfg)
+        self._launch(grid, args, cfg)
 
     # -- choosing ----------------------------------------------------------------------------------------
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import config
+from .static_launch import static_launch
+
 _MAX_SPECIALIZATIONS = 64       # sizes of a dynamic graph vary; past this many, launch through the JIT
 
 
@@ -73,7 +76,7 @@ class Launcher:
 
     def __init__(self, fn):
         self.fn = fn
-        self.fast: dict = {}          # specialization key -> (run, function, packed_metadata, constexpr tail)
+        self.fast: dict = {}          # specialization key -> go(grid_x, grid_y, grid_z, stream, args)
         self.enabled = True
         self._n_args = None           # positional arguments per call, fixed by the first call
         self._args_key = None         # key of those arguments, generated at the first call
@@ -96,20 +99,18 @@ class Launcher:
             return self.fn[grid](*args, **meta)
         device = self._device()
         key = (device, self._args_key(args), *meta.values())     # a binary is loaded per device
-        hit = self.fast.get(key)
-        if hit is None:
+        go = self.fast.get(key)
+        if go is None:
             kernel = self.fn[grid](*args, **meta)
             self._remember(key, kernel, args, meta)
             return kernel
-        run, function, packed, tail = hit
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        run(grid[0], g1, g2, self._stream(device), function, packed, None, None, None, *args, *tail)
+        go(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, self._stream(device), args)
 
     def _remember(self, key, kernel, args, meta) -> None:
-        """Keep the compiled kernel's launcher for this key when the call can be replayed exactly: every
-        parameter after the positional ones is a constexpr given in meta, and the kernel has the
-        launcher attributes of Triton >= 3.0."""
+        """Keep a launch function for this key when the call can be replayed exactly: every parameter
+        after the positional ones is a constexpr given in meta, and the kernel has the launcher attributes
+        of Triton >= 3.0. It goes through torch's C launcher where that can take the kernel, else through
+        the compiled kernel's own launcher."""
         if len(self.fast) >= _MAX_SPECIALIZATIONS or kernel is None:
             return
         rest = self._names[len(args):]
@@ -122,4 +123,10 @@ class Launcher:
         if run is None or function is None or packed is None:
             self.enabled = False
             return
-        self.fast[key] = (run, function, packed, tuple(meta[n] for n in rest))
+        go = static_launch(kernel, len(args)) if config.static_launch else None
+        if go is None:
+            tail = tuple(meta[n] for n in rest)
+
+            def go(gx, gy, gz, stream, args):
+                run(gx, gy, gz, stream, function, packed, None, None, None, *args, *tail)
+        self.fast[key] = go

@@ -1,7 +1,8 @@
 """runtime/launch.py: after the first launch of a specialization, a Triton kernel is launched through
 its compiled launcher with exactly the arguments Triton's JIT would pass; anything that could pick
 another binary goes through the JIT again. The bookkeeping is checked here with a stand-in JIT function
-(no GPU needed); on a GPU every Triton test launches through it."""
+(no GPU needed) and Triton's own launcher (torch's C launcher has tests of its own,
+test_static_launch.py); on a GPU every Triton test launches through them."""
 import types
 
 import pytest
@@ -32,6 +33,11 @@ class FakeJIT:
             self.compiled += 1
             return FakeKernel(self.log)
         return jit_launch
+
+
+@pytest.fixture(autouse=True)
+def _triton_launcher(monkeypatch):
+    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args: None)
 
 
 @pytest.fixture
@@ -107,3 +113,14 @@ def test_launch_hooks_are_honoured_and_empty_hook_chains_are_not_hooks(monkeypat
     for _ in range(2):
         L[(4,)](x, y, 64, XBLOCK=16)
     assert [e[0] for e in fn.log] == (["jit", "fast"] if fast else ["jit", "jit"])
+
+
+def test_a_kernel_the_c_launcher_takes_is_launched_through_it(launcher, monkeypatch):
+    fn, L = launcher
+    gone = []
+    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args: lambda *a: gone.append(a))
+    x, y = torch.randn(64), torch.empty(64)
+    for _ in range(2):
+        L[(4, 2)](x, y, 64, XBLOCK=16)
+    assert [e[0] for e in fn.log] == ["jit"]
+    assert gone == [(4, 2, 1, 1234, (x, y, 64))]
