@@ -48,7 +48,7 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
     if product(rranges) == 1:
         box = _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, ranges)
         return _unsqueeze_all(box, dims) if keepdim else box
-    split = _split_count(ranges, rranges, reduction_type)
+    split = _split_count(ranges, rranges, reduction_type, strided=x.dim() - 1 in kept)
     if split > 1:
         return _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim)
 
@@ -99,24 +99,29 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 SPLIT_ROWS = 8192           # partial rows to aim for: enough programs even at XBLOCK 64
 # elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
-# BERT's) was split into three kernels (GPT-2 inference went from 41 kernels to 104); a bias gradient's
-# column sum over 2048 tokens did gain from 16 chunks of 128 (scripts/column_sum_probe.py, session 11), which
-# wants a rule for strided-dim sums alone
+# BERT's) was split into three kernels (GPT-2 inference went from 41 kernels to 104)
 SPLIT_MIN_CHUNK = 512
+# ... where the rows are reduced along a strided dim (the last dim is kept): a bias gradient's column sum over
+# 2048 tokens and 768 columns took 3.6 us in chunks of 256, 7.3 in chunks of 512, inductor 4.4 (H200,
+# scripts/column_sum_probe.py, session 12)
+SPLIT_MIN_CHUNK_STRIDED = 128
 SPLIT_MIN_ELEMENTS = 1 << 18
 
 
-def _split_count(ranges, rranges, reduction_type) -> int:
+def _split_count(ranges, rranges, reduction_type, strided=False) -> int:
+    """Partials per row: 1 (no split) or a power of two that divides the row into chunks of at least
+    SPLIT_MIN_CHUNK elements (SPLIT_MIN_CHUNK_STRIDED for rows reduced along a strided dim)."""
+    min_chunk = SPLIT_MIN_CHUNK_STRIDED if strided else SPLIT_MIN_CHUNK
     if reduction_type not in _SPLITTABLE or not rranges:
         return 1
     X, R = product(ranges), product(rranges)
     if not (X.is_Integer and R.is_Integer):
         return 1
     X, R = int(X), int(R)
-    if X * R < SPLIT_MIN_ELEMENTS or X * 2 > SPLIT_ROWS or R < 2 * SPLIT_MIN_CHUNK:
+    if X * R < SPLIT_MIN_ELEMENTS or X * 2 > SPLIT_ROWS or R < 2 * min_chunk:
         return 1
     split = 1
-    while X * split * 2 <= SPLIT_ROWS and R % (split * 2) == 0 and R // (split * 2) >= SPLIT_MIN_CHUNK:
+    while X * split * 2 <= SPLIT_ROWS and R % (split * 2) == 0 and R // (split * 2) >= min_chunk:
         split *= 2      # chunks divide the row exactly, so no chunk reads past its end
     return split
 

@@ -196,6 +196,19 @@ def test_few_columns_of_many_rows_reduce_in_two_kernels(device):
     assert ember.metrics.generated_kernel_count == 2
 
 
+def test_a_bias_gradient_sums_its_columns_in_chunks_of_at_most_256_rows(device):
+    """A bias gradient over 2048 tokens and 768 columns: 8 partial rows of 256 per column (chunks of 512,
+    the row reductions' minimum, left the GPU 1.7x slower than chunks of 256), then the partials' sum.
+    A row reduction of the same sizes is not split."""
+    from ember.lowering.reductions import _split_count
+    assert _split_count([768], [2048], "sum", strided=True) == 8
+    assert _split_count([768], [2048], "sum") == 4
+    assert _split_count([4096], [768], "sum") == 1
+    g = torch.randn(2048, 768, device=device)
+    lowered(lambda a: a.view(4, 512, 768).sum([0, 1]), g, rtol=1e-4, atol=1e-3)
+    assert ember.metrics.generated_kernel_count == 2
+
+
 def test_variance_of_few_long_rows_combines_chunk_statistics(device):
     # a BatchNorm's statistics over N*H*W for 8 channels: Welford over chunks of each row, then the chunk
     # means and m2s combined (reductions._split_welford); a nan still gives nan. (No inf: eager's own mean
