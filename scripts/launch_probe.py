@@ -58,7 +58,7 @@ def main():
     with config.patch(static_launch=False):
         T = Launcher(add_one)
         T[(1,)](x, o, 1024, XBLOCK=1024)
-    go = static_launch(k, 3)
+    go = static_launch(k, 3, 1)
     print("torch's C launcher takes the kernel:", go is not None)
     res = {
         "empty_strided": us(lambda: torch.empty_strided((1024,), (1,), dtype=torch.float32, device="cuda")),
@@ -67,7 +67,7 @@ def main():
         "CompiledKernel.run": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None, x, o, 1024, 1024)),
         "CompiledKernel.run (int ptrs)": us(lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None, None,
                                                          x.data_ptr(), o.data_ptr(), 1024, 1024)),
-        "C launcher": us(lambda: go(1, 1, 1, stream, (x, o, 1024))) if go else float("nan"),
+        "C launcher": us(lambda: go((1,), stream, (x, o, 1024))) if go else float("nan"),
         "ember Launcher": us(lambda: L[(1,)](x, o, 1024, XBLOCK=1024)),
         "ember Launcher (Triton's run)": us(lambda: T[(1,)](x, o, 1024, XBLOCK=1024)),
         "current stream": us(lambda: torch._C._cuda_getCurrentRawStream(0)),
@@ -84,7 +84,7 @@ def main():
         "aten add (small)": lambda: torch.add(x, 1, out=o),
         "CompiledKernel.run (small)": lambda: k.run(1, 1, 1, stream, k.function, k.packed_metadata, None, None,
                                                     None, x, o, 1024, 1024),
-        "C launcher (small)": (lambda: go(1, 1, 1, stream, (x, o, 1024))) if go else (lambda: None),
+        "C launcher (small)": (lambda: go((1,), stream, (x, o, 1024))) if go else (lambda: None),
         "ember Launcher (small)": lambda: L[(1,)](x, o, 1024, XBLOCK=1024),
         "ember Launcher, Triton's run (small)": lambda: T[(1,)](x, o, 1024, XBLOCK=1024),
         "eager add+gelu 8192^2": lambda: gelu(big, bias),

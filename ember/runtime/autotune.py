@@ -63,7 +63,7 @@ class Autotuned:
         self.best: dict = {}          # size class (powers of two) -> config
         self.ready: dict = {}         # exact size arguments -> (config, grid)
         # ember's Launcher takes (grid, args, meta) without the frame and closure of `fn[grid](...)`
-        self._launch = fn.launch if isinstance(fn, Launcher) else (lambda grid, args, meta: fn[grid](*args, **meta))
+        self._launcher = isinstance(fn, Launcher)
 
     def grid(self, cfg: dict, args) -> tuple:
         x = args[self.tuning.xnumel_arg]
@@ -73,7 +73,11 @@ class Autotuned:
         return g
 
     def launch(self, cfg: dict, args) -> None:
-        self._launch(self.grid(cfg, args), args, cfg)
+        grid = self.grid(cfg, args)
+        if self._launcher:
+            self.fn.launch(grid, args, cfg)
+        else:
+            self.fn[grid](*args, **cfg)
 
     def run(self, *args) -> None:
         # the launch path runs on every call: one dict lookup by the exact sizes (xnumel, rnumel and size
@@ -87,7 +91,10 @@ class Autotuned:
                 cfg = self.best[sizes] = self._choose(sizes, args)
             hit = self.ready[ints] = (cfg, self.grid(cfg, args))
         cfg, grid = hit
-        self._launch(grid, args, cfg)
+        if self._launcher:
+            self.fn.launch(grid, args, cfg)
+        else:
+            self.fn[grid](*args, **cfg)
 
     # -- choosing ----------------------------------------------------------------------------------------
 

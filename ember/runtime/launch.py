@@ -5,17 +5,22 @@ launch metadata and queries the current device and stream on every call: ~10-20 
 GPU machines we measure on, paid once per kernel per step, and the whole cost of small kernels (a
 memory-bound kernel over 268 MB runs for ~65 us). `Launcher` pays it once per distinct specialization:
 the first call goes through the JIT, which returns the compiled kernel; later calls with the same
-specialization call that kernel's own launcher (`CompiledKernel.run`) directly.
+specialization call a launch function remembered for it: torch's C launcher given the compiled function
+(runtime/static_launch.py), or the compiled kernel's own launcher (`CompiledKernel.run`). The path from
+`launch(grid, args, meta)` to that function is generated per kernel at its first call (`_hot_path`).
 
 The specialization key is what decides which binary Triton would pick: the current device (a binary is
 loaded per device), each tensor's dtype and whether its address is 16-byte aligned (Triton specializes
 pointers on that), every other argument's exact value (Triton specializes integers on ==1, divisibility
-by 16 and width; keying on the value is stricter), and the launch meta (block sizes, warps). A launch hook (a profiler such as proton) or an unknown calling
-convention sends every launch through the JIT, as before. (Until session 6 every launch did: Triton >= 3.4
-keeps an empty HookChain where older versions kept None, and that read as "a hook is set". Measured on an
-H100, Triton 3.6: 12.8 us per JIT launch.)
+by 16 and width; keying on the value is stricter), the grid's rank and the launch meta (block sizes,
+warps). A launch hook (a profiler such as proton) or an unknown calling convention sends every launch
+through the JIT, as before. (Until session 6 every launch did: Triton >= 3.4 keeps an empty HookChain where
+older versions kept None, and that read as "a hook is set". Measured on an H100, Triton 3.6: 12.8 us per
+JIT launch.)
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -33,13 +38,23 @@ def _knobs_runtime():
         return None
 
 
-def _hooked(hook) -> bool:
-    """Is a launch hook set? Triton >= 3.4 keeps each hook as a HookChain that is always there and holds a
-    list of callables (empty unless a profiler registered one); older Triton keeps None or a callable."""
-    if hook is None:
-        return False
-    calls = getattr(hook, "calls", None)
-    return bool(calls) if calls is not None else True
+def _hook_test(rt) -> str:
+    """A Python expression over `rt` (Triton's runtime knobs) and the hooks set now, `E` and `X`: true when
+    a launch hook is set at the time it is evaluated. Triton >= 3.4 keeps each hook as a HookChain that is
+    always there and holds a list of callables (empty unless a profiler registered one); older Triton
+    keeps None or a callable. A hook object replaced since counts as set."""
+    if rt is None:
+        return "False"
+    parts = []
+    for name, var in (("launch_enter_hook", "E"), ("launch_exit_hook", "X")):
+        hook = getattr(rt, name, None)
+        if hook is None:
+            parts.append(f"rt.{name} is not None")
+        elif isinstance(getattr(hook, "calls", None), list):
+            parts += [f"rt.{name} is not {var}", f"{var}.calls"]
+        else:
+            return "True"
+    return " or ".join(parts)
 
 
 def _device_and_stream():
@@ -53,35 +68,38 @@ def _device_and_stream():
     return device, driver.active.get_current_stream
 
 
-def _hook_probe(rt):
-    """A cheap callable: is a launch hook set right now? (None when no runtime knobs exist.)"""
-    if rt is None:
-        return None
-    return lambda: _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook)
-
-
-def _key_function(n_args: int, tensor_pos):
-    """key(args) for a kernel of n_args positional arguments, generated once: each tensor's dtype and
-    16-byte alignment, every other argument itself (a Python genexpr over the arguments cost ~1.5 us)."""
+def _hot_path(launcher: "Launcher", n_args: int, tensor_pos) -> Callable:
+    """launch(grid, args, meta) for calls of n_args positional arguments, generated once: the hook test, then
+    the specialization key inline (each tensor's dtype and 16-byte alignment, every other argument
+    itself, the grid's rank, the meta) and the launch function remembered for it. One frame a launch: a
+    Python genexpr for the key cost ~1.5 us, a key function and a hook probe ~0.5 us more."""
     parts = []
     for i in range(n_args):
         parts += [f"a[{i}].dtype", f"not a[{i}].data_ptr() & 15"] if i in tensor_pos else [f"a[{i}]"]
-    scope: dict = {}
-    exec(f"def key(a):\n    return ({', '.join(parts)},)\n", scope)
-    return scope["key"]
+    rt = _knobs_runtime()
+    device, stream = _device_and_stream()
+    scope = {"rt": rt, "E": getattr(rt, "launch_enter_hook", None), "X": getattr(rt, "launch_exit_hook", None),
+             "device": device, "stream": stream, "fast": launcher.fast, "jit": launcher.jit_launch,
+             "miss": launcher.first_launch}
+    exec(f"def launch(grid, a, meta):\n"
+         f"    if len(a) != {n_args} or {_hook_test(rt)}:\n"
+         f"        return jit(grid, a, meta)\n"
+         f"    d = device()\n"
+         f"    key = (d, len(grid), {''.join(p + ', ' for p in parts)}*meta.values())\n"
+         f"    go = fast.get(key)\n"
+         f"    if go is None:\n"
+         f"        return miss(key, grid, a, meta)\n"
+         f"    go(grid, stream(d), a)\n", scope)
+    return scope["launch"]
 
 
 class Launcher:
-    """A Triton JITFunction; `launcher[grid](*args, **meta)` launches it like the JITFunction would."""
+    """A Triton JITFunction; `launcher[grid](*args, **meta)` and `launcher.launch(grid, args, meta)` launch it
+    like the JITFunction would."""
 
     def __init__(self, fn):
         self.fn = fn
-        self.fast: dict = {}          # specialization key -> go(grid_x, grid_y, grid_z, stream, args)
-        self.enabled = True
-        self._n_args = None           # positional arguments per call, fixed by the first call
-        self._args_key = None         # key of those arguments, generated at the first call
-        self._device = self._stream = None   # the driver's getters, bound at the first launch
-        self._hooks = _hook_probe(_knobs_runtime())
+        self.fast: dict = {}          # specialization key -> go(grid, stream, args)
         self._names = [p.name for p in fn.params]
         self._constexpr = {p.name for p in fn.params if p.is_constexpr}
 
@@ -89,44 +107,35 @@ class Launcher:
         return lambda *args, **meta: self.launch(grid, args, meta)
 
     def launch(self, grid, args, meta):
-        if not self.enabled or (self._hooks is not None and self._hooks()):
-            return self.fn[grid](*args, **meta)
-        if self._n_args is None:
-            self._n_args = len(args)
-            self._args_key = _key_function(len(args), {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)})
-            self._device, self._stream = _device_and_stream()
-        elif len(args) != self._n_args:
-            return self.fn[grid](*args, **meta)
-        device = self._device()
-        key = (device, self._args_key(args), *meta.values())     # a binary is loaded per device
-        go = self.fast.get(key)
-        if go is None:
-            kernel = self.fn[grid](*args, **meta)
-            self._remember(key, kernel, args, meta)
-            return kernel
-        go(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, self._stream(device), args)
+        """The first call binds the hot path (an instance attribute from then on) and launches through it."""
+        tensors = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        self.launch = _hot_path(self, len(args), tensors)
+        return self.launch(grid, args, meta)
 
-    def _remember(self, key, kernel, args, meta) -> None:
-        """Keep a launch function for this key when the call can be replayed exactly: every parameter
-        after the positional ones is a constexpr given in meta, and the kernel has the launcher attributes
-        of Triton >= 3.0. It goes through torch's C launcher where that can take the kernel, else through
-        the compiled kernel's own launcher."""
+    def jit_launch(self, grid, args, meta):
+        return self.fn[grid](*args, **meta)
+
+    def first_launch(self, key, grid, args, meta):
+        """A specialization not seen yet: launch through the JIT, then keep a launch function for it when
+        the call can be replayed exactly: every parameter after the positional ones is a constexpr given
+        in meta, and the kernel has the launcher attributes of Triton >= 3.0. The launch function goes
+        through torch's C launcher where that can take the kernel, else through the compiled kernel's own
+        launcher. A call that cannot be replayed sends this kernel's launches through the JIT for good."""
+        kernel = self.fn[grid](*args, **meta)
         if len(self.fast) >= _MAX_SPECIALIZATIONS or kernel is None:
-            return
+            return kernel
         rest = self._names[len(args):]
-        if any(n not in self._constexpr or n not in meta for n in rest):
-            self.enabled = False
-            return
         run = getattr(kernel, "run", None)
         function = getattr(kernel, "function", None)
         packed = getattr(kernel, "packed_metadata", None)
-        if run is None or function is None or packed is None:
-            self.enabled = False
-            return
-        go = static_launch(kernel, len(args)) if config.static_launch else None
+        if any(n not in self._constexpr or n not in meta for n in rest) or None in (run, function, packed):
+            self.launch = self.jit_launch
+            return kernel
+        go = static_launch(kernel, len(args), len(grid)) if config.static_launch else None
         if go is None:
-            tail = tuple(meta[n] for n in rest)
+            tail, pad = tuple(meta[n] for n in rest), (1,) * (3 - len(grid))
 
-            def go(gx, gy, gz, stream, args):
-                run(gx, gy, gz, stream, function, packed, None, None, None, *args, *tail)
+            def go(grid, stream, args):
+                run(*grid, *pad, stream, function, packed, None, None, None, *args, *tail)
         self.fast[key] = go
+        return kernel

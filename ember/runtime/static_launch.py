@@ -5,7 +5,7 @@ scratch allocators and builds closures on every call, then a C function that par
 the kernel's signature and asks the driver about every pointer: ~4.5 us of host time per launch on the
 GPU machines we measure on. torch ships a C launcher that takes the loaded function handle, the block
 shape and a type string, and parses plain integers; what it needs is fixed once a kernel is compiled,
-so `static_launch(kernel)` derives it once and returns `go(grid_x, grid_y, grid_z, stream, args)`.
+so `static_launch(kernel, ...)` derives it once and returns `go(grid, stream, args)`.
 
 The handle is Triton's own (`kernel.function`, loaded for the device the kernel was compiled on, with
 its dynamic shared memory already raised where the kernel needs it); nothing is loaded twice.
@@ -75,17 +75,10 @@ def parameter_layout(src, n_args: int) -> Optional[tuple[list[int], str]]:
     return keep, "".join(codes)
 
 
-def _selector(keep: list[int], codes: str, n_scratch: int) -> Callable:
-    """select(args) -> the tuple the C launcher takes: pointers as integers, scratch pointers null."""
-    parts = [f"a[{i}].data_ptr()" if c == "O" else f"a[{i}]" for i, c in zip(keep, codes)] + ["None"] * n_scratch
-    scope: dict = {}
-    exec(f"def select(a):\n    return ({''.join(p + ', ' for p in parts)})\n", scope)
-    return scope["select"]
-
-
-def static_launch(kernel, n_args: int) -> Optional[Callable]:
-    """go(grid_x, grid_y, grid_z, stream, args) launching `kernel` (a Triton CompiledKernel) through torch's
-    C launcher, or None where it cannot (see the module docstring)."""
+def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
+    """go(grid, stream, args) launching `kernel` (a Triton CompiledKernel) over a grid of grid_rank dims
+    through torch's C launcher, generated once (one frame a launch), or None where it cannot (see the
+    module docstring)."""
     launch = c_launcher()
     if launch is None or _unsupported(kernel) is not None:
         return None
@@ -95,10 +88,11 @@ def static_launch(kernel, n_args: int) -> Optional[Callable]:
     keep, codes = layout
     # a Triton that declares a scratch area's size also gives the function a pointer parameter for it
     n_scratch = sum(hasattr(kernel.metadata, s) for s in ("global_scratch_size", "profile_scratch_size"))
-    codes += "O" * n_scratch
-    select = _selector(keep, codes, n_scratch)
-    function, warps, shared = kernel.function, _meta(kernel, "num_warps"), _meta(kernel, "shared")
-
-    def go(gx, gy, gz, stream, args):
-        launch(function, gx, gy, gz, warps, shared, codes, select(args), stream)
-    return go
+    params = [f"a[{i}].data_ptr()" if c == "O" else f"a[{i}]" for i, c in zip(keep, codes)] + ["None"] * n_scratch
+    grid = [f"grid[{d}]" if d < grid_rank else "1" for d in range(3)]
+    scope = {"launch": launch, "function": kernel.function, "warps": _meta(kernel, "num_warps"),
+             "shared": _meta(kernel, "shared"), "codes": codes + "O" * n_scratch}
+    exec(f"def go(grid, stream, a):\n"
+         f"    launch(function, {', '.join(grid)}, warps, shared, codes, ({''.join(p + ', ' for p in params)}), stream)\n",
+         scope)
+    return scope["go"]

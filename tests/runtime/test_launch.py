@@ -37,7 +37,7 @@ class FakeJIT:
 
 @pytest.fixture(autouse=True)
 def _triton_launcher(monkeypatch):
-    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args: None)
+    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args, grid_rank: None)
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def launcher(monkeypatch):
 def test_second_launch_goes_through_the_compiled_launcher(launcher):
     fn, L = launcher
     x, y = torch.randn(64), torch.empty(64)
-    L[(4,)](x, y, 64, XBLOCK=16, num_warps=4)
+    L[(3, 2)](x, y, 64, XBLOCK=16, num_warps=4)
     L[(4, 2)](x, y, 64, XBLOCK=16, num_warps=4)
     assert [e[0] for e in fn.log] == ["jit", "fast"]
     # grid, stream, handle, packed metadata, no launch metadata or hooks, then every parameter in order
@@ -118,9 +118,9 @@ def test_launch_hooks_are_honoured_and_empty_hook_chains_are_not_hooks(monkeypat
 def test_a_kernel_the_c_launcher_takes_is_launched_through_it(launcher, monkeypatch):
     fn, L = launcher
     gone = []
-    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args: lambda *a: gone.append(a))
+    monkeypatch.setattr(launch_mod, "static_launch", lambda kernel, n_args, rank: lambda *a: gone.append(a))
     x, y = torch.randn(64), torch.empty(64)
     for _ in range(2):
         L[(4, 2)](x, y, 64, XBLOCK=16)
     assert [e[0] for e in fn.log] == ["jit"]
-    assert gone == [(4, 2, 1, 1234, (x, y, 64))]
+    assert gone == [((4, 2), 1234, (x, y, 64))]

@@ -33,15 +33,15 @@ def test_the_parameters_are_the_arguments_less_constexprs_and_specialised_consta
 def test_the_c_launcher_gets_integer_pointers_and_a_null_per_scratch_area(monkeypatch):
     calls = []
     monkeypatch.setattr(sl, "c_launcher", lambda: lambda *a: calls.append(a))
-    go = sl.static_launch(fake_kernel(SIGNATURE), 4)
+    go = sl.static_launch(fake_kernel(SIGNATURE), 4, 2)
     x, y = torch.randn(8).bfloat16(), torch.empty(8)
-    go(3, 2, 1, 77, (x, y, 8, 5))
+    go((3, 2), 77, (x, y, 8, 5))
     assert calls == [(0xF00, 3, 2, 1, 4, 96, "OOilOO", (x.data_ptr(), y.data_ptr(), 8, 5, None, None), 77)]
     # a Triton that declares no scratch areas gives the function no scratch parameters
     old = fake_kernel(SIGNATURE)
     del old.metadata.global_scratch_size, old.metadata.profile_scratch_size
-    sl.static_launch(old, 4)(1, 1, 1, 0, (x, y, 8, 5))
-    assert calls[-1][6:8] == ("OOil", (x.data_ptr(), y.data_ptr(), 8, 5))
+    sl.static_launch(old, 4, 1)((1,), 0, (x, y, 8, 5))
+    assert calls[-1][1:4] == (1, 1, 1) and calls[-1][6:8] == ("OOil", (x.data_ptr(), y.data_ptr(), 8, 5))
 
 
 @pytest.mark.parametrize("metadata", [dict(num_ctas=2), dict(global_scratch_size=64), dict(profile_scratch_size=8),
@@ -49,8 +49,8 @@ def test_the_c_launcher_gets_integer_pointers_and_a_null_per_scratch_area(monkey
                                       dict(tensordesc_meta=[{}])])
 def test_launches_the_c_launcher_cannot_make_stay_with_triton(monkeypatch, metadata):
     monkeypatch.setattr(sl, "c_launcher", lambda: print)
-    assert sl.static_launch(fake_kernel(SIGNATURE), 4) is not None
-    assert sl.static_launch(fake_kernel(SIGNATURE, **metadata), 4) is None
+    assert sl.static_launch(fake_kernel(SIGNATURE), 4, 1) is not None
+    assert sl.static_launch(fake_kernel(SIGNATURE, **metadata), 4, 1) is None
 
 
 on_gpu = pytest.mark.skipif(os.environ.get("EMBER_TEST_DEVICE") != "cuda" or sl.c_launcher() is None,
@@ -65,7 +65,7 @@ def test_compiled_graphs_launch_through_the_c_launcher_and_match_eager(monkeypat
     from ember.runtime import launch
     used = []
     real = sl.static_launch
-    monkeypatch.setattr(launch, "static_launch", lambda k, n: used.append(real(k, n)) or used[-1])
+    monkeypatch.setattr(launch, "static_launch", lambda k, n, r: used.append(real(k, n, r)) or used[-1])
 
     def f(x, w, b):
         return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w, b).relu() * 2 + x[:, :1], x.float().sum()
