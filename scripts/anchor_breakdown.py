@@ -19,12 +19,16 @@ import ember  # noqa: E402,F401
 from benchmarks.kernels import device_ms  # noqa: E402
 
 
-def host_us(fn, args, iters=50):
+def host_us(call, wait=None, iters=50):
+    """Median host time of `call()` in us, each call right after a sync (that first waits for `wait()`'s GPU
+    work when given)."""
     ts = []
     for _ in range(iters):
+        if wait is not None:
+            wait()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        fn(*args)
+        call()
         ts.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     ts.sort()
@@ -47,7 +51,7 @@ def main():
             f = fn if be == "eager" else torch.compile(fn, backend=be)
             f(*args)
             wall = anchor.bench(f, args) * 1e3
-            host = host_us(f, args)
+            host = host_us(lambda: f(*args))
             kern = device_ms(lambda: f(*args)) * 1e3
             print(f"{name:24} {be:9} {wall:7.1f} {host:7.1f} {kern:8.1f} {wall - kern:7.1f}", flush=True)
 
