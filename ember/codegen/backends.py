@@ -109,6 +109,25 @@ def adds_matmul_bias_in_epilogue(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def reduction_split_rows(device: torch.device, strided: bool) -> tuple[int, int]:
+    """(most, aim) for a reduction of few long rows on device (lowering/reductions._split_count): one of at
+    most `most` rows is split into partial rows, about `aim` of them, reduced by a second kernel; more
+    rows run as one kernel, one row (or one block of columns, `strided`: reduced along a strided dim) per
+    program or thread.
+
+    Triton: a program per long row, per XBLOCK (~64) columns of a strided reduction; 8192 partial rows
+    fill an H100 even at XBLOCK 64. Row reductions over 1024 rows and more are not split: those rows are
+    already enough programs, and a split LayerNorm or softmax (4096 x 1024, 2048 x 2048) became three and
+    five kernels that read their input twice. C++: an OpenMP thread per row (per 64 columns), so only rows
+    fewer than the threads are split; strided reductions never are, since the partials' kernel would read
+    each (chunk, column) row along the strided dim (ember's C++ column kernels tile only a contiguous x):
+    a 2048 x 1024 column sum took 3.8 ms split 8 ways, 0.26 ms as one kernel (2 threads)."""
+    if device.type == "cpu" and config.cpu_backend != "triton":
+        threads = torch.get_num_threads()
+        return (0, 0) if strided else (threads - 1, 8 * threads)
+    return (4096, 8192) if strided else (1023, 8192)
+
+
 def matmul_alignment(device: torch.device) -> int:
     """Bytes that a matmul's sizes should be multiples of on device (0: any size does). cuBLAS picks its
     fast kernels only when every leading dimension is a multiple of 16 bytes; a GEMM over 50257 bf16

@@ -48,7 +48,7 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
     if product(rranges) == 1:
         box = _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, ranges)
         return _unsqueeze_all(box, dims) if keepdim else box
-    split = _split_count(ranges, rranges, reduction_type, strided=x.dim() - 1 in kept)
+    split = _split_count(ranges, rranges, reduction_type, x.device, strided=x.dim() - 1 in kept)
     if split > 1:
         return _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim)
 
@@ -93,11 +93,11 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 
 # Few long rows leave most of a GPU idle: one program per row, or per XBLOCK rows when the rows are
 # reduced along a strided dim (the columns of a row-major matrix, a LayerNorm weight's gradient over the
-# batch). Such a reduction runs in two kernels: the first reduces chunks of each row into SPLIT_ROWS-ish
-# partial rows, the second reduces the partials. Measured on an H100 (session 6): ConvNeXt's LayerNorm
-# weight gradients, 96 rows of 50176 read along columns, took 1.0-1.3 ms unsplit (3 programs).
+# batch). Such a reduction runs in two kernels: the first reduces chunks of each row into partial rows,
+# the second reduces the partials. How few rows and how many partials is the kernel backend's call
+# (codegen.backends.reduction_split_rows). Measured on an H100 (session 6): ConvNeXt's LayerNorm weight
+# gradients, 96 rows of 50176 read along columns, took 1.0-1.3 ms unsplit (3 programs).
 _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
-SPLIT_ROWS = 8192           # partial rows to aim for: enough programs even at XBLOCK 64
 # elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
 # BERT's) was split into three kernels (GPT-2 inference went from 41 kernels to 104)
 SPLIT_MIN_CHUNK = 512
@@ -108,9 +108,10 @@ SPLIT_MIN_CHUNK_STRIDED = 128
 SPLIT_MIN_ELEMENTS = 1 << 18
 
 
-def _split_count(ranges, rranges, reduction_type, strided=False) -> int:
+def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=False) -> int:
     """Partials per row: 1 (no split) or a power of two that divides the row into chunks of at least
     SPLIT_MIN_CHUNK elements (SPLIT_MIN_CHUNK_STRIDED for rows reduced along a strided dim)."""
+    from ..codegen.backends import reduction_split_rows     # the kernel backend's preference, asked by device
     min_chunk = SPLIT_MIN_CHUNK_STRIDED if strided else SPLIT_MIN_CHUNK
     if reduction_type not in _SPLITTABLE or not rranges:
         return 1
@@ -118,10 +119,11 @@ def _split_count(ranges, rranges, reduction_type, strided=False) -> int:
     if not (X.is_Integer and R.is_Integer):
         return 1
     X, R = int(X), int(R)
-    if X * R < SPLIT_MIN_ELEMENTS or X * 2 > SPLIT_ROWS or R < 2 * min_chunk:
+    most, aim = reduction_split_rows(device, strided)
+    if X > most or X * R < SPLIT_MIN_ELEMENTS or X * 2 > aim or R < 2 * min_chunk:
         return 1
     split = 1
-    while X * split * 2 <= SPLIT_ROWS and R % (split * 2) == 0 and R // (split * 2) >= min_chunk:
+    while X * split * 2 <= aim and R % (split * 2) == 0 and R // (split * 2) >= min_chunk:
         split *= 2      # chunks divide the row exactly, so no chunk reads past its end
     return split
 
@@ -297,7 +299,7 @@ def welford(x, dims, keepdim):
     acc = _acc_dtype(x.dtype)
     rdims, kept = _reduced_and_kept(x, dims)
     size = x.get_size()
-    split = _split_count([size[i] for i in kept], [size[i] for i in rdims], "sum")
+    split = _split_count([size[i] for i in kept], [size[i] for i in rdims], "sum", x.device)
     if split > 1:
         return _split_welford(x, kept, rdims, split, acc, keepdim)
     outs = [reduce(x, dims, "welford", acc, src_dtype=acc, keepdim=keepdim, output_index=i) for i in range(3)]
