@@ -62,6 +62,19 @@ def gpt_block():
     return m, (torch.randn(8, 128, 256),)
 
 
+TARGET = torch.randint(0, 1 << 30, (1 << 16,), generator=torch.Generator().manual_seed(0))
+
+
+def grads_of(loss):
+    """fn(*args) -> the gradients of loss(*args) with respect to every argument (a forward and a backward
+    step; the benchmark otherwise runs under no_grad)."""
+    def step(*args):
+        with torch.enable_grad():
+            args = [a.detach().requires_grad_() for a in args]
+            return torch.autograd.grad(loss(*args), args)
+    return step
+
+
 def cases():
     M = N = 2048
     LM, LN = 4096, 1024
@@ -77,6 +90,11 @@ def cases():
     yield "sum_cols", lambda x: x.sum(0), lambda: (mk(M, N),)
     yield "sum_all", lambda x: x.sum(), lambda: (mk(M, N),)
     yield "transpose_add", lambda x, y: x.t() + y, lambda: (mk(M, N), mk(N, M))
+    # training steps of the memory-bound parts: forward and backward, the gradients returned
+    yield "layernorm_fwd_bwd", grads_of(lambda x, w, b: F.layer_norm(x, (LN,), w, b).square().sum()), \
+        lambda: (mk(LM, LN), mk(LN), mk(LN))
+    yield "cross_entropy_fwd_bwd", grads_of(lambda x: F.cross_entropy(x, TARGET[: x.shape[0]] % x.shape[1])), \
+        lambda: (mk(LN, 8192),)
 
     def gpt():
         m, args = gpt_block()
@@ -220,7 +238,7 @@ def main(argv=None) -> int:
     print()
     print(f"ms per call (median of {a.rounds} rounds x {a.iters} calls), {a.threads} threads; "
           f"ember/inductor = time ratio, lower is better")
-    print(f"{'case':18}" + "".join(f"{b:>12}" for b in backends) + (f"{'ember/ind':>11}" if ratio else ""))
+    print(f"{'case':22}" + "".join(f"{b:>12}" for b in backends) + (f"{'ember/ind':>11}" if ratio else ""))
     failed = False
     for row in rows:
         cells = []
@@ -232,7 +250,7 @@ def main(argv=None) -> int:
             else:
                 failed |= "wrong" in r
                 cells.append(f"{r['ms']:11.3f}" + ("!" if "wrong" in r else " "))
-        line = f"{row['case']:18}" + "".join(cells)
+        line = f"{row['case']:22}" + "".join(cells)
         if ratio:
             e, i = row["ember"], row["inductor"]
             line += f"{e['ms'] / i['ms']:11.2f}" if "ms" in e and "ms" in i else f"{'-':>11}"

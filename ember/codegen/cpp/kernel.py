@@ -144,7 +144,10 @@ class CppKernel(MathOps, SectionedKernel):
             subs = n.flat_vars(self.group)
             for d, w in [(d, 1) for d in n.read_deps] + [(d, stores) for d in n.write_deps]:
                 e = sympy.expand(canonical(d.index, subs, self.group))
-                if RINDEX not in e.free_symbols or not w:
+                # an access without x (a LayerNorm's per-token statistics read by its weight-gradient
+                # column sums) is one vector shared by every row: cheap in either mode, so only the
+                # accesses over the whole (x, r) plane vote
+                if RINDEX not in e.free_symbols or XINDEX not in e.free_symbols or not w:
                     continue
                 if e.coeff(RINDEX) == 1:
                     along_r += w

@@ -137,6 +137,24 @@ def test_lane_combines(n):
     check(lambda a: (a.sum(-1), a.amax(-1)), x.double())
 
 
+def test_layer_norm_weight_gradients_read_the_activations_along_their_rows():
+    """The weight and bias gradients of a LayerNorm are column sums over tokens that also read each token's
+    mean and rstd: those per-token vectors must not outvote the activations, or the sums vectorize along
+    the tokens and gather every element at a stride (4096 x 1024 fwd+bwd: 13.4 ms, inductor 2.9)."""
+    def loss(x, w, b):
+        return F.layer_norm(x, (96,), w, b).square().sum()
+    args = (torch.randn(256, 96), torch.randn(96), torch.randn(96))
+    check(loss, *args, grad=True, rtol=1e-4, atol=1e-4)
+    with tempfile.TemporaryDirectory() as d, ember.config.patch(debug=True, debug_dir=d):
+        torch._dynamo.reset()
+        torch.compile(loss, backend="ember")(*(a.clone().requires_grad_() for a in args)).backward()
+        src = open(glob.glob(os.path.join(d, "*backward*", "kernels.cpp"))[0]).read()
+    lines = src.splitlines()
+    loops = [lines[i + 1] for i, ln in enumerate(lines) if "#pragma omp simd" in ln]
+    strided = [lp for lp, body in zip(loops, src.split("#pragma omp simd")[1:]) if "96*rindex + xindex]" in body.split("}")[0]]
+    assert strided and all("int64_t xl" in lp for lp in strided), src
+
+
 def test_masked_softmax_rows():
     s = torch.randn(4, 2, 128, 128)
     mask = torch.ones(128, 128, dtype=torch.bool).tril()
