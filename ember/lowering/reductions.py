@@ -120,7 +120,7 @@ def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=
         return 1
     X, R = int(X), int(R)
     most, aim = reduction_split_rows(device, strided)
-    if X > most or X * R < SPLIT_MIN_ELEMENTS or X * 2 > aim or R < 2 * min_chunk:
+    if X > most or X * R < SPLIT_MIN_ELEMENTS or R < 2 * min_chunk:
         return 1
     split = 1
     while X * split * 2 <= aim and R % (split * 2) == 0 and R // (split * 2) >= min_chunk:

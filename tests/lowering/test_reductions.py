@@ -216,6 +216,10 @@ def _cpp(device) -> bool:
     return device == "cpu" and ember.config.cpu_backend == "cpp"
 
 
+def _triton_interpreter(device) -> bool:
+    return device == "cpu" and ember.config.cpu_backend == "triton"
+
+
 @pytest.mark.parametrize("shape", [(4096, 1024), (2048, 2048)])
 def test_layer_norm_and_softmax_over_a_thousand_rows_or_more_are_one_kernel_each(device, shape):
     """Rows enough to fill a GPU (and a CPU's threads) are not split into partial reductions: split, a
@@ -229,7 +233,7 @@ def test_layer_norm_and_softmax_over_a_thousand_rows_or_more_are_one_kernel_each
     x, w, b = (torch.randn(shape, device=device), torch.randn(shape[1], device=device),
                torch.randn(shape[1], device=device))
     fns = [lambda x: F.layer_norm(x, (shape[1],), w, b)]
-    if not (device == "cpu" and ember.config.cpu_backend == "triton"):
+    if not _triton_interpreter(device):
         fns.append(lambda x: torch.softmax(x, -1))
     for fn in fns:
         ember.metrics.reset()

@@ -15,12 +15,17 @@ from ember.testing import check
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 
 
-def sources(fn, *args) -> str:
-    """The C++ source of the kernels ember generates for fn(*args) (from the EMBER_DEBUG dump)."""
+def sources(fn, *args, backward=False) -> str:
+    """The C++ source of the kernels ember generates for fn(*args) (from the EMBER_DEBUG dump); backward:
+    of the backward graph only, fn's output summed and differentiated with respect to every argument."""
     with tempfile.TemporaryDirectory() as d, ember.config.patch(debug=True, debug_dir=d):
         torch._dynamo.reset()
-        torch.compile(fn, backend="ember")(*args)
-        return "\n".join(open(p).read() for p in glob.glob(os.path.join(d, "*", "kernels.cpp")))
+        if backward:
+            torch.compile(fn, backend="ember")(*(a.clone().requires_grad_() for a in args)).sum().backward()
+        else:
+            torch.compile(fn, backend="ember")(*args)
+        graphs = "*backward*" if backward else "*"
+        return "\n".join(open(p).read() for p in glob.glob(os.path.join(d, graphs, "kernels.cpp")))
 
 
 def simd_lines(src: str) -> list[str]:
@@ -145,10 +150,7 @@ def test_layer_norm_weight_gradients_read_the_activations_along_their_rows():
         return F.layer_norm(x, (96,), w, b).square().sum()
     args = (torch.randn(256, 96), torch.randn(96), torch.randn(96))
     check(loss, *args, grad=True, rtol=1e-4, atol=1e-4)
-    with tempfile.TemporaryDirectory() as d, ember.config.patch(debug=True, debug_dir=d):
-        torch._dynamo.reset()
-        torch.compile(loss, backend="ember")(*(a.clone().requires_grad_() for a in args)).backward()
-        src = open(glob.glob(os.path.join(d, "*backward*", "kernels.cpp"))[0]).read()
+    src = sources(loss, *args, backward=True)
     lines = src.splitlines()
     loops = [lines[i + 1] for i, ln in enumerate(lines) if "#pragma omp simd" in ln]
     strided = [lp for lp, body in zip(loops, src.split("#pragma omp simd")[1:]) if "96*rindex + xindex]" in body.split("}")[0]]
