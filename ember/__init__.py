@@ -11,9 +11,9 @@ if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules:
 from . import metrics
 from .config import config
 from .compile_graph import EmberCompileError, compile_graph
-from .backend import ember_backend as backend
+from .dynamo import ember_backend as backend
 
-from .backend import register as _register
+from .dynamo import register as _register
 
 _register()
 

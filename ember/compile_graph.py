@@ -1,12 +1,12 @@
 """compile_graph(gm, example_inputs): an ATen FX graph -> a callable. The middle of the pipeline, in order:
 
-    decompose            graph/decompose.py      ATen ops ember does not lower -> simpler ATen ops
+    decompose            graph/decompose.py          ATen ops ember does not lower -> simpler ATen ops
     post-grad passes     graph/passes/post_grad.py
-    lower                lowering/graph.py       FX nodes -> loop IR (Pointwise, Reduction, buffers)
-    schedule + fuse      schedule/               buffers -> fused groups in execution order
-    generate code        codegen/program.py      groups -> kernels + Wrapper IR
-    render + load        codegen/wrapper/        Wrapper IR -> Python `call(args)` (or an FX GraphModule,
-                                                 config.wrapper="fx") with kernels loaded
+    lower                lowering/graph_lowering.py  FX nodes -> loop IR (Pointwise, Reduction, buffers)
+    schedule + fuse      schedule/                   buffers -> fused groups in execution order
+    generate code        codegen/program.py          groups -> kernels + Wrapper IR
+    render + load        codegen/wrapper/            Wrapper IR -> Python `call(args)` (or an FX GraphModule,
+                                                     config.wrapper="fx") with kernels loaded
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     from .codegen.wrapper.python import compile_python
     from .graph import decompose as decomp
     from .graph.passes import post_grad
-    from .lowering.graph import GraphLowering
+    from .lowering.graph_lowering import GraphLowering
     from .schedule.fusion import Fusion, build_nodes
 
     config.validate()

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ember  # noqa: E402
 import ember.codegen.backends as backends  # noqa: E402
 import ember.codegen.wrapper.python as python_wrapper  # noqa: E402
-from ember.backend import _partition  # noqa: E402
+from ember.dynamo import _partition  # noqa: E402
 from ember.graph.decompose import decomposition_table  # noqa: E402
 
 counts = collections.Counter()

@@ -40,9 +40,9 @@ exec(compile(EXAMPLE_SRC, EXAMPLE_FILE, "exec"))
 # Every module the doc describes, in pipeline order. tests/test_docs.py checks that each exists and that
 # the doc names it, so renaming a module without regenerating the doc fails a test.
 MODULES = [
-    "ember/backend.py", "ember/graph/passes/pre_grad.py", "ember/graph/passes/joint.py",
+    "ember/dynamo.py", "ember/graph/passes/pre_grad.py", "ember/graph/passes/joint.py",
     "ember/graph/decompose.py", "ember/compile_graph.py", "ember/graph/passes/post_grad.py",
-    "ember/lowering/graph.py", "ember/lowering/registry.py", "ember/lowering/fallback.py", "ember/ir/nodes.py",
+    "ember/lowering/graph_lowering.py", "ember/lowering/registry.py", "ember/lowering/fallback.py", "ember/ir/nodes.py",
     "ember/ir/ops.py", "ember/ir/deps.py", "ember/schedule/nodes.py", "ember/schedule/fusion.py",
     "ember/schedule/memory.py", "ember/codegen/program.py", "ember/codegen/backends.py",
     "ember/codegen/triton/kernel.py", "ember/codegen/triton/heuristics.py", "ember/codegen/wrapper/lines.py",
@@ -214,13 +214,13 @@ change. With the default `cpu_backend="cpp"` the same fused groups become C++/Op
 
 | stage | module | receives | returns |
 |---|---|---|---|
-| Dynamo hands over a graph | `ember/backend.py` (`ember_backend`) | torch-level FX graph + example inputs | a callable for Dynamo |
+| Dynamo hands over a graph | `ember/dynamo.py` (`ember_backend`) | torch-level FX graph + example inputs | a callable for Dynamo |
 | pre-grad passes | `ember/graph/passes/pre_grad.py` | torch-level FX graph | the same, rewritten |
-| AOTAutograd | `torch._functorch`, set up by `ember/backend.py` | torch-level graph | functional ATen graph(s) |
+| AOTAutograd | `torch._functorch`, set up by `ember/dynamo.py` | torch-level graph | functional ATen graph(s) |
 | joint passes + partition | `ember/graph/passes/joint.py`, min-cut partitioner | joint fw+bw ATen graph | forward and backward graphs |
 | decompose | `ember/graph/decompose.py` | ATen graph | ATen graph of ops ember lowers |
 | post-grad passes | `ember/graph/passes/post_grad.py` | ATen graph | ATen graph |
-| lowering | `ember/lowering/graph.py` + `ember/lowering/*.py` | ATen graph | buffers of loop IR (`ember/ir/nodes.py`) |
+| lowering | `ember/lowering/graph_lowering.py` + `ember/lowering/*.py` | ATen graph | buffers of loop IR (`ember/ir/nodes.py`) |
 | scheduler nodes | `ember/schedule/nodes.py`, `ember/ir/deps.py` | buffers | nodes with reads, writes, deps |
 | fusion | `ember/schedule/fusion.py` | nodes | fused groups, in execution order |
 | code generation | `ember/codegen/program.py`, `ember/codegen/backends.py`, `ember/codegen/triton/kernel.py` or `ember/codegen/cpp/kernel.py`, `ember/schedule/tiling.py`, `ember/schedule/memory.py` | groups | kernels + Wrapper IR (`ember/codegen/wrapper/lines.py`) |
@@ -231,7 +231,7 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
 
 """]
     doc.append(section(
-        "1. Dynamo's graph reaches ember", "`ember/backend.py` (`ember_backend`)",
+        "1. Dynamo's graph reaches ember", "`ember/dynamo.py` (`ember_backend`)",
         "a `torch.fx.GraphModule` of torch-level calls (`torch.softmax`, `F.layer_norm`, `@`) and example inputs",
         "what AOTAutograd returns: a callable Dynamo installs in place of the traced bytecode",
         """
@@ -250,7 +250,7 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         """))
     doc.append(section(
         "3. AOTAutograd: functional ATen, forward and backward",
-        "`ember/backend.py` sets up `torch._dynamo.backends.common.aot_autograd`; "
+        "`ember/dynamo.py` sets up `torch._dynamo.backends.common.aot_autograd`; "
         "`ember/graph/decompose.py` supplies the decomposition table; `ember/graph/passes/joint.py`",
         "the torch-level graph", "one ATen graph per `compile_graph` call (inference, or forward and backward)",
         """
@@ -290,7 +290,7 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         """, pg, *([] if same_aten else [code(g["post_grad_graph.txt"], "python")])))
     doc.append(section(
         "5. Lowering: ATen ops to loop IR",
-        "`ember/lowering/graph.py` (`GraphLowering`); one file per op family under `ember/lowering/`, "
+        "`ember/lowering/graph_lowering.py` (`GraphLowering`); one file per op family under `ember/lowering/`, "
         "registered with `@lower(aten.op)` from `ember/lowering/registry.py`; the IR in `ember/ir/nodes.py`, "
         "the ops protocol in `ember/ir/ops.py`; ops with no lowering go to `ember/lowering/fallback.py`",
         "the ATen graph and its input values (fake tensors; sympy symbols for dynamic sizes)",

@@ -54,7 +54,7 @@ def main():
     # a returned logits product must come out dense: the padded product and a dense copy of it, against
     # ember::padded_mm's row chunks (one chunk-sized buffer instead of a whole padded product)
     import ember  # noqa: F401  (registers ember::padded_mm)
-    from ember.graph.ops import padded_mm
+    from ember.graph.custom_ops import padded_mm
     from ember.runtime.row_copy import copy_rows
     wp = F.pad(w, (0, 0, 0, pad)).t()
     full = h @ wp
@@ -73,7 +73,7 @@ def main():
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         print(f"returned logits, {label:32} {us:7.0f} us  peak {peak:6.0f} MiB", flush=True)
     assert (padded_mm(h, wp, None, T, V) - (h @ wp)[:, :V]).abs().max().item() == 0
-    from ember.graph import ops
+    from ember.graph import custom_ops as ops
     for mb in (32, 64, 128, 256):
         ops.PADDED_MM_CHUNK_BYTES = mb << 20
         print(f"ember::padded_mm with {mb:3} MB chunks: {do_bench(lambda: padded_mm(h, wp, None, T, V)) * 1e3:6.0f} us")

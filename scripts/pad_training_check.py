@@ -6,7 +6,7 @@ as a multiple of eager's. Needs a CUDA GPU:
 
 Session 10 found with it that padding the forward graph alone broke the gradients (ln_f x18): the logits,
 a view of the padded product, were returned with the padded row stride to a backward graph compiled for
-eager's; the lowering now copies such an output into eager's strides (lowering/graph.py, _realize_output)."""
+eager's; the lowering now copies such an output into eager's strides (lowering/graph_lowering.py, _realize_output)."""
 import argparse
 import copy
 import os

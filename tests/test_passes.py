@@ -386,7 +386,7 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
     """A returned result padded along N is ember::padded_mm: the product a chunk of rows at a time into
     the dense result (one chunk, or many with a small chunk size), so no whole padded product is stored
     beside the dense copy; values and gradients match eager."""
-    from ember.graph import ops
+    from ember.graph import custom_ops as ops
     _force_padding(monkeypatch)
     monkeypatch.setattr(ops, "PADDED_MM_CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
@@ -402,7 +402,7 @@ def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(dev
     """GPT-2's LM head in inference: the logits, a view of the product padded along N, are returned with
     the padded row stride (as inductor returns them), values as eager's: no dense copy, no row chunks
     (ember::padded_mm's chunks made GPT-2 inference 4.1-5.3 ms per step back to back against 2.6)."""
-    from ember.graph import ops
+    from ember.graph import custom_ops as ops
     _force_padding(monkeypatch)
     seen = []
     B, S, H, V = 2, 48, 64, 1001
@@ -417,7 +417,7 @@ def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(dev
 
 def test_an_inference_product_that_only_a_copy_can_reshape_is_returned_dense(device, monkeypatch):
     """The padded product flattened (a view no padded stride allows): ember::padded_mm, dense."""
-    from ember.graph import ops
+    from ember.graph import custom_ops as ops
     _force_padding(monkeypatch)
     seen = []
     x, w = torch.randn(64, 96, device=device), torch.randn(1001, 96, device=device)

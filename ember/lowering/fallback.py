@@ -17,7 +17,7 @@ from .. import metrics, state
 from ..ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, Loops, MultiOutput, Pointwise, ReinterpretView,
                         TensorBox)
 from ..ir.symbolic import hint, sympify
-from .graph import _is_dense, _same_shape
+from .graph_lowering import _is_dense, _same_shape
 from .views import stored_view
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..graph.ops import softmax_stats
+from ..graph.custom_ops import softmax_stats
 from ..ir.nodes import Reduction, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import FloorDiv, ModularIndexing, contiguous_strides, product, sympify

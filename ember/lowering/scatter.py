@@ -42,7 +42,7 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 def _layout(size, dtype, device) -> Layout:
     """Eager's strides for the node's result where they are dense (index_put keeps `self`'s layout);
     a backward graph reading a saved output was compiled for them."""
-    from .graph import _is_dense
+    from .graph_lowering import _is_dense
     meta = state.current_graph().current_node.meta.get("val")
     if isinstance(meta, torch.Tensor) and meta.dtype == dtype and _is_dense(meta) and \
             [sympify(s) for s in meta.shape] == list(size):

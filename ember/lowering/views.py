@@ -397,7 +397,7 @@ def _input_meta(i):
 
 
 def _owns_its_storage(meta) -> bool:
-    from .graph import _is_dense
+    from .graph_lowering import _is_dense
     if not isinstance(meta, torch.Tensor) or not _is_dense(meta):
         return False
     try:

@@ -15,7 +15,7 @@ from ..kernel import ArgRegistry
 from ..wrapper.lines import CallKernel, DefineKernel, Name
 from .indexing import choose_rows, choose_tiles
 from .kernel import CppKernel
-from .ops import storage_type
+from .spelling import storage_type
 
 
 def _plan(group) -> tuple:

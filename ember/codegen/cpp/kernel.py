@@ -41,7 +41,7 @@ from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
 from .indexing import MIN_ROW, cpp_index, split_rows
-from .ops import MathOps, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
+from .spelling import CppSpelling, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
 XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
@@ -70,7 +70,7 @@ def _tree(step: str, acc: str, lanes: int) -> list[str]:
             for w in (lanes >> k for k in range(1, lanes.bit_length()))]
 
 
-class CppKernel(MathOps, SectionedKernel):
+class CppKernel(CppSpelling, SectionedKernel):
     def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None,
                  rows=None):
         self.name = name

@@ -24,7 +24,7 @@ from ...ir.symbolic import guard_le, is_static, simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, print_index, widest_kind
 from . import heuristics
-from .ops import MathOps, triton_type, compute_dtype
+from .spelling import TritonSpelling, triton_type, compute_dtype
 
 _IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
 _ATOMIC_ADD_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)   # on GPUs and in the interpreter
@@ -32,7 +32,7 @@ _SCAN_FNS = {"add": "helpers.add", "mul": "helpers.prod", "logaddexp": "helpers.
 _SCAN_IDENTITY = {"add": "0", "mul": "1", "logaddexp": 'float("-inf")'}
 
 
-class TritonKernel(MathOps, SectionedKernel):
+class TritonKernel(TritonSpelling, SectionedKernel):
     def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
         self.name = name
         self.group = tiling or group.group

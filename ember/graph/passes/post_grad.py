@@ -92,7 +92,7 @@ def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
     (codegen.backends.reads_rows_online). Float32/64 rows only (narrow floats are upcast first by the
     decompositions, and the statistics' dtype must be x's)."""
     from ...codegen.backends import reads_rows_online     # the kernel backend's preference, asked by device
-    from ..ops import softmax_stats
+    from ..custom_ops import softmax_stats
     g = gm.graph
     for m in list(g.nodes):
         if m.op != "call_function" or m.target is not aten.amax.default or not m.args:
@@ -188,7 +188,7 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     padded row stride, as inductor does: no copy, no chunks (GPT-2's logits: 2.6 ms per step where the
     row chunks took 4.1-5.3 back to back, scripts/host_profile.py)."""
     from ...codegen.backends import matmul_alignment
-    from ..ops import padded_mm
+    from ..custom_ops import padded_mm
     g = gm.graph
     inference = gm.meta.get(GRAPH_KIND) == "inference"
     padded = {}           # (node, rows, cols) -> its padded form

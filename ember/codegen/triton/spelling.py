@@ -54,7 +54,7 @@ def _is_int(v) -> bool:
     return isinstance(v, KValue) and not v.dtype.is_floating_point and v.dtype != torch.bool
 
 
-class MathOps:
+class TritonSpelling:
     """Mixin: needs `self.cse(expr, dtype, kind)`."""
 
     math_heavy = False          # set once the kernel computes a transcendental function

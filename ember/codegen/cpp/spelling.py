@@ -129,7 +129,7 @@ def result_dtype(a: KValue, b: KValue) -> torch.dtype:
     return torch.promote_types(a.dtype, b.dtype)
 
 
-class MathOps:
+class CppSpelling:
     """Mixin: needs `self.cse(expr, dtype, kind)`."""
 
     def _op(self, expr: str, dtype, *vals) -> KValue:
