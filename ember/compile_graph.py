@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from . import config, metrics, state
+from .device import check_backend_settings
 from .debug.dump import DebugDump
 from .debug.irprint import describe_buffers, describe_groups
 
@@ -105,7 +106,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
 
 
 def _compile(gm, example_inputs, kind) -> CompiledGraph:
-    from .codegen.backends import guard_current_device
+    from .codegen.wrapper.device_guard import guard_current_device
     from .codegen.program import ProgramBuilder
     from .codegen.wrapper.python import compile_python
     from .graph import decompose as decomp
@@ -114,6 +115,7 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     from .schedule.fusion import Fusion, build_nodes
 
     config.validate()
+    check_backend_settings()
     t0 = time.perf_counter()
     dump = DebugDump(kind)
     dump.write("fx_graph.txt", lambda: gm.print_readable(print_output=False))
@@ -141,10 +143,11 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
         fn, source = compile_python(program)
     fn = guard_current_device(fn, program)
     dump.write("wrapper.py", source)
-    for ext, backends in (("py", ("triton", "triton-interpret")), ("cpp", ("cpp",))):
-        sources = [k.source for k in program.kernels() if k.backend in backends]
-        if sources:
-            dump.write(f"kernels.{ext}", "\n\n".join(sources))
+    by_extension: dict = {}
+    for k in program.kernels():
+        by_extension.setdefault(k.backend.file_extension, []).append(k.source)
+    for ext, sources in by_extension.items():
+        dump.write(f"kernels.{ext}", "\n\n".join(sources))
     metrics.graphs_compiled += 1
     metrics.generated_kernel_count += builder.kernel_count
     dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"

@@ -10,6 +10,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import config, metrics
 from .compile_graph import CompiledGraph, compile_graph
+from .device import check_backend_settings
 from .graph.decompose import decomposition_table
 from .graph.passes import joint, pre_grad
 
@@ -41,6 +42,7 @@ class _InferenceCompiler:
 def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """`torch.compile(model, backend="ember")`."""
     config.validate()
+    check_backend_settings()
     gm = pre_grad.run(gm)
     inference = _InferenceCompiler(len(example_inputs))
     compiler = aot_autograd(

@@ -101,8 +101,8 @@ def interpreter_xfail(request, device, reason):
 
     import pytest
 
-    from . import config
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and config.cpu_backend == "triton":
+    from .device import backend_for
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and backend_for("cpu").interpreted:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 

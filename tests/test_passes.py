@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
+from ember.device import backend_for
 from ember.graph.pattern import Pattern, apply_patterns, register_replacement
 from ember.testing import check
 
@@ -260,13 +261,12 @@ def test_cross_entropy_backward_keeps_no_scattered_buffer(device):
     assert ember.metrics.buffers_allocated <= 6, ember.metrics.buffers_allocated
 
 
-def _force_padding(monkeypatch):
+def _force_padding(monkeypatch, device):
     """pad_matmuls on any device and size, float32 included: on the CPU the values are then exact; on a
     GPU cuBLAS may run a padded float32 GEMM at TF32-like precision (why the pass leaves float32 alone
     there), hence the looser tolerance it returns."""
-    from ember.codegen import backends
     from ember.graph.passes import post_grad
-    monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
+    monkeypatch.setattr(backend_for(device), "matmul_alignment", 16)
     monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
     monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
 
@@ -282,7 +282,7 @@ def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bi
     """post_grad.pad_matmuls: M, K or N off the device's matmul alignment are zero-padded and the result
     sliced back, in training and inference graphs; values and gradients match eager, and an aligned
     matmul is left alone."""
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     seen = []
     M, K, N = shape
     a, w, b = torch.randn(M, K, device=device), torch.randn(N, K, device=device), torch.randn(N, device=device)
@@ -299,7 +299,7 @@ def test_padded_operands_are_shared_and_padded_in_storage_order(device, monkeypa
     """y = x @ w.t() with N = 1001: the forward pads w's rows (w.t() is padded as w, then transposed back:
     no transposing copy); the backward's two matmuls read the output gradient as is (K padded) and
     transposed (M padded), and share one padded copy of it."""
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     graphs = []
     x, w = torch.randn(200, 96, device=device), torch.randn(1001, 96, device=device)
     with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(list(gm.graph.nodes))]):
@@ -313,7 +313,7 @@ def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monke
     """GPT-2's LM head in training: the logits, a reshaped view of the padded product sliced back, are
     returned and saved for the backward graph, which was compiled for eager's dense strides. Returned
     with the padded row stride instead (session 9), the gradients came out wrong."""
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     B, S, H, V = 2, 48, 64, 1001
 
     def fn(h, w, t):
@@ -346,7 +346,7 @@ def test_a_padded_result_returned_twice_is_copied_once(device, monkeypatch):
     """y, a padded product sliced back, is both a user output and saved for sin's backward: the forward
     graph returns it twice, and both are the one dense copy (there were two, a logits-sized buffer more
     in GPT-2's and BERT's training steps)."""
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     seen = _forward_outputs(monkeypatch)
     x, w = torch.randn(64, 96, device=device), torch.randn(1001, 96, device=device)
 
@@ -366,7 +366,7 @@ def test_a_computed_operand_is_padded_where_it_is_computed(device, monkeypatch):
     input-gradient matmul (K padded), the weight-gradient matmul (M padded, transposed) and the bias
     gradient (a sum). It is padded where it is computed and the sum reads the padded tensor sliced back,
     so only the padded form is stored (it was stored both ways: a logits-sized buffer more)."""
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     graphs = []
     h, w, b = (torch.randn(200, 96, device=device), torch.randn(1001, 96, device=device),
                torch.randn(1001, device=device))
@@ -387,7 +387,7 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
     the dense result (one chunk, or many with a small chunk size), so no whole padded product is stored
     beside the dense copy; values and gradients match eager."""
     from ember.graph import custom_ops as ops
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     monkeypatch.setattr(ops, "PADDED_MM_CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
     seen = []
@@ -403,7 +403,7 @@ def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(dev
     the padded row stride (as inductor returns them), values as eager's: no dense copy, no row chunks
     (ember::padded_mm's chunks made GPT-2 inference 4.1-5.3 ms per step back to back against 2.6)."""
     from ember.graph import custom_ops as ops
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     seen = []
     B, S, H, V = 2, 48, 64, 1001
     h, w = torch.randn(B, S, H, device=device), torch.randn(V, H, device=device)
@@ -418,7 +418,7 @@ def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(dev
 def test_an_inference_product_that_only_a_copy_can_reshape_is_returned_dense(device, monkeypatch):
     """The padded product flattened (a view no padded stride allows): ember::padded_mm, dense."""
     from ember.graph import custom_ops as ops
-    _force_padding(monkeypatch)
+    _force_padding(monkeypatch, device)
     seen = []
     x, w = torch.randn(64, 96, device=device), torch.randn(1001, 96, device=device)
     with torch.no_grad(), \
@@ -432,8 +432,7 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
     """gelu(linear(x, w, b)): the bias is added by the GELU's kernel, not by the GEMM (under bf16 autocast
     after a cast kernel of its own). Where the product itself is returned, the addmm stays. Float32: the
     Triton interpreter truncates bf16 casts where a GPU rounds."""
-    from ember.codegen import backends
-    monkeypatch.setattr(backends, "adds_matmul_bias_in_epilogue", lambda device: True)
+    monkeypatch.setattr(backend_for(device), "adds_matmul_bias_in_epilogue", True)
     seen = []
     x, w, b = (torch.randn(64, 96, device=device), torch.randn(128, 96, device=device),
                torch.randn(128, device=device))
@@ -449,9 +448,8 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
 
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
-    from ember.codegen import backends
     from ember.graph.passes import post_grad
-    monkeypatch.setattr(backends, "matmul_alignment", lambda device: 16)
+    monkeypatch.setattr(backend_for(device), "matmul_alignment", 16)
     monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
     seen = []
     a, w = torch.randn(200, 96, device=device), torch.randn(1001, 96, device=device)

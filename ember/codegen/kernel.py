@@ -3,7 +3,6 @@ elimination, kernel arguments, and printing sympy index expressions as code."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Optional
 
 import sympy
@@ -212,37 +211,3 @@ class SectionedKernel:
     def _visible(self, v: KValue) -> bool:
         s = self.scope.get(v.name)
         return s is None or s == self.section.id
-
-
-_POINTER = re.compile(r"\b(?:in_out_ptr|in_ptr|out_ptr)\d+\b")
-
-
-def canonical_form(source: str, name: str) -> tuple[str, list[int]]:
-    """A kernel's source with its name blanked and its pointer parameters renamed and reordered by
-    their first use in the body, and, for each canonical position, the parameter's position in the real
-    signature. Two kernels with the same canonical source compute the same thing from arguments in that
-    canonical order (parameter numbering follows the order buffers were first met, which two copies of a
-    layer need not share)."""
-    head = re.search(rf"\b{name}\(", source)
-    if head is None:
-        return source, []
-    start, depth = head.end(), 1
-    end = start
-    while depth and end < len(source):
-        depth += {"(": 1, ")": -1}.get(source[end], 0)
-        end += 1
-    decls = [d.strip() for d in source[start:end - 1].split(",")]
-    names = [(re.findall(r"\w+", d) or [""])[-1] for d in decls]      # a declaration's last word
-    body = source[:head.start()] + "\0" + source[end:]
-    ptrs = [i for i, n in enumerate(names) if _POINTER.fullmatch(n)]
-    first: dict = {}                     # pointer name -> where the body first uses it
-    for m in _POINTER.finditer(body):
-        first.setdefault(m.group(0), m.start())
-    order = sorted(ptrs, key=lambda i: (first.get(names[i], len(body)), i))
-    rename = {names[i]: f"P{j}" for j, i in enumerate(order)}
-
-    def sub(text):
-        return _POINTER.sub(lambda m: rename.get(m.group(0), m.group(0)), text)
-    params = [decls[i] for i in order] + [d for i, d in enumerate(decls) if i not in ptrs]
-    text = sub(body).replace("\0", f"KERNEL({', '.join(sub(p) for p in params)})")
-    return text, order

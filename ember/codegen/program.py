@@ -7,14 +7,15 @@ import sympy
 import torch
 
 from .. import config, metrics
-from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
+from ..ir.nodes import (Buffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
                         MutationBuffer, ReinterpretView)
 from ..ir.symbolic import sympify
 from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
-from .backends import backend_for
-from .kernel import canonical_form
-from .wrapper.lines import (Allocate, Assert, CallExtern, Free, MultiOutputLine, Name, Return, Reuse, SymbolDef, View,
-                            WrapperProgram)
+from ..device import backend_for
+from ..schedule.structure import GroupStructure, group_structure
+from .generate import GeneratedKernel
+from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Free, MultiOutputLine, Name, Return, Reuse,
+                            SymbolDef, View, WrapperProgram)
 
 
 class ProgramBuilder:
@@ -31,7 +32,7 @@ class ProgramBuilder:
         self.pool: dict = {}         # layout key -> [(dead buffer, the Free line that dropped it)]
         self.dying: set = set()      # buffers read for the last time by the kernel being generated
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
-        self.defined: dict = {}      # (backend, source with the name blanked) -> the kernel defined with it
+        self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -123,26 +124,22 @@ class ProgramBuilder:
         backend = backend_for(group.device())
         name = f"kernel{self.kernel_count}"
         self.kernel_count += 1
-        gen = backend.generate(name, group, self.g, local)
+        # a group whose kernel IR matches an earlier group's but for the buffers it touches (the same layer,
+        # repeated) launches that group's kernel with its own buffers, instead of generating, compiling,
+        # tuning and loading another copy
+        structure = group_structure(group, self.g, local, backend.name)
+        earlier = self.defined.get(structure.key) if structure is not None else None
+        if earlier is not None:
+            gen = _relaunch(*earlier, structure)
+        else:
+            gen = backend.generate(name, group, self.g, local)
+            if structure is not None:
+                self.defined[structure.key] = (gen, structure)
+            self.lines.append(gen.define)
         self.kernels.append((group, gen))
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)
-        # a kernel whose source matches an earlier one's but for its name and the numbering of its
-        # pointers (the same layer, repeated) is that kernel: launched again, with its arguments in that
-        # kernel's order, instead of compiled, tuned and loaded once more
-        text, order = canonical_form(gen.define.source, name)
-        # tuned kernels launch as `kernel.run(...)`, the others with a grid: the two do not share
-        same = (gen.define.backend, text, gen.define.tuning is None)
-        if same in self.defined:
-            first, first_order = self.defined[same]
-            args = list(gen.call.args)
-            for mine, theirs in zip(order, first_order):
-                args[theirs] = gen.call.args[mine]
-            gen.call.name, gen.call.args = first, args
-        else:
-            self.defined[same] = (name, order)
-            self.lines.append(gen.define)
         self.lines.append(gen.call)
 
     def _arg(self, a):
@@ -209,6 +206,14 @@ class ProgramBuilder:
         if isinstance(o, (ReinterpretView, Buffer)):
             return self._arg(o)
         return o
+
+
+def _relaunch(gen: GeneratedKernel, structure: GroupStructure, mine: GroupStructure) -> GeneratedKernel:
+    """An earlier group's kernel, called with the buffers of a group of the same structure."""
+    rename = dict(zip(structure.buffers, mine.buffers))
+    args = [Name(rename[a]) if isinstance(a, Name) else a for a in gen.call.args]
+    call = CallKernel(gen.call.name, args, gen.call.grid, gen.call.meta)
+    return GeneratedKernel(gen.define, call, {rename[s] for s in gen.stored}, gen.source)
 
 
 def _aliases_nothing(buf) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ..device import backend_for
 from ..graph.custom_ops import softmax_stats
 from ..ir.nodes import Reduction, TensorBox
 from ..ir.ops import ops
@@ -95,7 +96,7 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 # reduced along a strided dim (the columns of a row-major matrix, a LayerNorm weight's gradient over the
 # batch). Such a reduction runs in two kernels: the first reduces chunks of each row into partial rows,
 # the second reduces the partials. How few rows and how many partials is the kernel backend's call
-# (codegen.backends.reduction_split_rows). Measured on an H100 (session 6): ConvNeXt's LayerNorm weight
+# (KernelBackend.reduction_split_rows). Measured on an H100 (session 6): ConvNeXt's LayerNorm weight
 # gradients, 96 rows of 50176 read along columns, took 1.0-1.3 ms unsplit (3 programs).
 _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 # elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
@@ -111,7 +112,6 @@ SPLIT_MIN_ELEMENTS = 1 << 18
 def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=False) -> int:
     """Partials per row: 1 (no split) or a power of two that divides the row into chunks of at least
     SPLIT_MIN_CHUNK elements (SPLIT_MIN_CHUNK_STRIDED for rows reduced along a strided dim)."""
-    from ..codegen.backends import reduction_split_rows     # the kernel backend's preference, asked by device
     min_chunk = SPLIT_MIN_CHUNK_STRIDED if strided else SPLIT_MIN_CHUNK
     if reduction_type not in _SPLITTABLE or not rranges:
         return 1
@@ -119,7 +119,7 @@ def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=
     if not (X.is_Integer and R.is_Integer):
         return 1
     X, R = int(X), int(R)
-    most, aim = reduction_split_rows(device, strided)
+    most, aim = backend_for(device).reduction_split_rows(strided)
     if X > most or X * R < SPLIT_MIN_ELEMENTS or R < 2 * min_chunk:
         return 1
     split = 1

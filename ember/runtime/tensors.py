@@ -5,7 +5,7 @@ to compiled code since torch 2.3) skip the Python argument parser of `torch.empt
 the public functions serve.
 
 `fast_empty_strided(device_type)` allocates on the *current* device of that type: a wrapper uses it only for
-buffers on the device that it runs with as current (codegen/backends.guarded_device_index)."""
+buffers on the device that it runs with as current (codegen/wrapper/device_guard.py)."""
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ from ember.codegen.wrapper import fx
 from ember.codegen.wrapper.lines import (LINE_TYPES, Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free,
                                          MultiOutputLine, Name, Return, Reuse, SymbolDef, View, WrapperProgram)
 from ember.codegen.wrapper.python import compile_python
+from ember.device import backend_for
 from ember.ir.symbolic import FloorDiv, ModularIndexing
 from ember.testing import check
 
@@ -41,6 +42,11 @@ def scale2(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                        reason="needs the Triton interpreter (machines without a GPU)")
 
+def _interpreter_backend():
+    with ember.config.patch(cpu_backend="triton"):
+        return backend_for("cpu")
+
+
 def _every_line_program():
     """A hand-written program that uses every line type, symbols from all four sources, and index
     arithmetic of every shape the renderer handles node by node."""
@@ -52,7 +58,7 @@ def _every_line_program():
         SymbolDef("s0", "x", "size", 0), SymbolDef("s1", "x", "size", 1), SymbolDef("s2", "x", "stride", 0),
         SymbolDef("s3", "x", "offset"), SymbolDef("n", "k", "value"),
         Allocate("buf0", [s0, s1], [s1, 1], f32, cpu),
-        DefineKernel("scale2", _SCALE, "triton-interpret"),
+        DefineKernel("scale2", _SCALE, _interpreter_backend()),
         CallKernel("scale2", [Name("x"), Name("buf0"), numel], grid, {"XBLOCK": 16}),
         CallExtern("buf1", aten.sort.default, [Name("buf0")], {"dim": -1}),
         MultiOutputLine("buf2", "buf1", (0,)), MultiOutputLine("buf3", "buf1", (1,)),

@@ -7,9 +7,11 @@ import os
 import pytest
 import torch
 
+import ember
+from ember.codegen.triton.backend import triton_helpers
 from ember.runtime import compile_pool, loader
 
-SOURCE = loader._HEADER["triton"] + '''
+SOURCE = "import triton\nimport triton.language as tl\n" + '''
 @triton.jit
 def scale(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
     xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
@@ -29,12 +31,12 @@ def pool(tmp_path, monkeypatch):
 
 
 def _job(mod, kernel, cfg):
-    return {"path": mod.__file__, "helpers": loader.triton_helpers().__file__, "kernel": kernel,
+    return {"path": mod.__file__, "helpers": triton_helpers().__file__, "kernel": kernel,
             "target": ("cuda", 90, 32), "args": [torch.bfloat16, torch.float32, 4096], "configs": [cfg]}
 
 
 def test_workers_fill_tritons_cache_one_binary_per_config(pool, tmp_path):
-    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
     cfgs = [{"XBLOCK": 256, "num_warps": 4}, {"XBLOCK": 1024, "num_warps": 8}]
     assert pool.run([_job(mod, "scale", c) for c in cfgs]) == []
     cubins = [f for _, _, files in os.walk(tmp_path / "triton") for f in files if f.endswith(".cubin")]
@@ -42,7 +44,7 @@ def test_workers_fill_tritons_cache_one_binary_per_config(pool, tmp_path):
 
 
 def test_a_failing_job_is_reported_and_the_rest_still_compile(pool, tmp_path):
-    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
     errors = pool.run([_job(mod, "no_such_kernel", {"XBLOCK": 64}), _job(mod, "scale", {"XBLOCK": 128})])
     assert len(errors) == 1 and "no_such_kernel" in errors[0]
     assert not pool.broken
@@ -52,10 +54,10 @@ def test_a_failing_job_is_reported_and_the_rest_still_compile(pool, tmp_path):
 
 def test_warm_spec_of_a_generated_gpu_kernel_names_its_dtypes_and_sizes(monkeypatch):
     """What TritonBackend records for the pool: a dtype per pointer and the sizes the wrapper passes."""
-    from ember.codegen.backends import TritonBackend
+    from ember.codegen.triton.backend import TritonBackend
     monkeypatch.setattr(compile_pool, "start", lambda: None)
+    monkeypatch.setattr(ember.config, "autotune", False)
     backend = TritonBackend(interpret=False)
-    backend.tunes = False
     captured = []
     orig = backend._warm
     monkeypatch.setattr(backend, "_warm", lambda *a: captured.append(orig(*a)) or captured[-1])
@@ -84,7 +86,7 @@ def test_first_launch_loads_what_the_workers_compiled(tmp_path, monkeypatch):
     monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "triton"), raising=False)
     pool = compile_pool.CompilePool(2)
     try:
-        mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": loader.triton_helpers()})
+        mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
         job = _job(mod, "scale", {"XBLOCK": 512, "num_warps": 4})
         job["target"] = compile_pool._target()
         assert pool.run([job]) == []

@@ -85,13 +85,18 @@ def test_repeated_layers_share_kernels_whose_pointers_are_numbered_differently(d
     torch.testing.assert_close(compiled(list(args))[0], layers(*args))
 
 
-def test_canonical_form_orders_pointers_by_first_use():
-    from ember.codegen.kernel import canonical_form
-    a = ("def kernel1(in_ptr0, in_ptr1, in_out_ptr0, xnumel, XBLOCK):\n"
-         "    t0 = load(in_ptr1 + x)\n    t1 = load(in_ptr0 + x)\n    store(in_out_ptr0 + x, t0 - t1)\n")
-    b = ("def kernel7(in_ptr0, in_ptr2, in_out_ptr0, xnumel, XBLOCK):\n"
-         "    t0 = load(in_ptr0 + x)\n    t1 = load(in_ptr2 + x)\n    store(in_out_ptr0 + x, t0 - t1)\n")
-    (ta, oa), (tb, ob) = canonical_form(a, "kernel1"), canonical_form(b, "kernel7")
-    assert ta == tb and oa == [1, 0, 2] and ob == [0, 1, 2]
-    # a different computation stays different
-    assert canonical_form(a.replace("t0 - t1", "t1 - t0"), "kernel1")[0] != ta
+def test_groups_of_one_structure_share_a_kernel_and_other_structures_do_not(device):
+    """relu(a - 2b) and relu(y - 2c) are one kernel called with other buffers; relu(2y - c) reads the same
+    buffers in the other roles and must get a kernel of its own (sharing it would compute y - 2c)."""
+    import re
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b, c, w):
+        y = torch.relu(a - 2 * b) @ w
+        y = torch.relu(y - 2 * c) @ w
+        return torch.relu(2 * y - c) @ w
+    args = [torch.randn(N, D, device=device) for _ in range(3)] + [torch.randn(D, D, device=device) / 10]
+    compiled = ember.compile_graph(make_fx(f)(*args), args)
+    assert ember.metrics.generated_kernel_count == 3                         # launched
+    assert len(set(re.findall(r"\bkernel\d+\b", compiled.source))) == 2, compiled.source   # defined
+    torch.testing.assert_close(compiled(list(args))[0], f(*args))

@@ -1,5 +1,5 @@
-"""The C++/OpenMP kernel backend: fused groups -> C++ functions, with the same contract as the Triton
-backend (see ember/codegen/backends.py).
+"""The C++/OpenMP kernel backend: fused groups -> C++ functions, compiled into one shared library per
+graph (build.py). Its policies are attributes of CppBackend (see ember/device.py for what each means).
 
 A group's loop structure is chosen here: 2-D tiles for transposes (indexing.choose_tiles), rows for
 broadcast or permuted reads (indexing.choose_rows), else one flat loop. A pointwise group of
@@ -9,10 +9,13 @@ rows for q and v, tiles for k^T) runs as one loop nest per structure, inside one
 from __future__ import annotations
 
 import sympy
+import torch
 
-from ..backends import GeneratedKernel, generate_kernel, kernel_call_args
+from ...device import KernelBackend
+from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..kernel import ArgRegistry
-from ..wrapper.lines import CallKernel, DefineKernel, Name
+from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
+from .build import load_cpp_kernels
 from .indexing import choose_rows, choose_tiles
 from .kernel import CppKernel
 from .spelling import storage_type
@@ -48,8 +51,24 @@ def _independent_parts(group, awkward: int) -> list:
     return [(FusedGroup(ns), tiling, rows) for (tiling, rows), ns in parts.items()]
 
 
-class CppBackend:
+class CppBackend(KernelBackend):
     name = "cpp"
+    device_type = "cpu"
+    file_extension = "cpp"
+    # softmax keeps exp(x - max) in a row buffer from the sum's pass for the division, and a row stays in
+    # cache between its passes: an online sum would compute exp twice
+    reads_rows_online = False
+    tiles_single_contiguous_dim = False      # transposes only (indexing.choose_tiles)
+
+    def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
+        # an OpenMP thread per row (per 64 columns): only rows fewer than the threads are split. Strided
+        # reductions never are: the partials' kernel would read each (chunk, column) row along the strided
+        # dim, and the C++ column kernels tile only a contiguous x
+        threads = torch.get_num_threads()
+        return (0, 0) if strided else (threads - 1, 8 * threads)
+
+    def load(self, kernels) -> dict:
+        return load_cpp_kernels(kernels)
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
         tiling, rows, awkward = _plan(group)
@@ -61,7 +80,8 @@ class CppBackend:
         source = k.source()
         # the launcher ignores the grid: the kernel divides its rows between OpenMP threads itself
         call = CallKernel(name, args, [sympy.Integer(1)], {})
-        return GeneratedKernel(DefineKernel(name, source, self.name), call, set(k.args.outputs), source)
+        define = DefineKernel(name, source, self, signature=kernel_signature(k))
+        return GeneratedKernel(define, call, set(k.args.outputs), source)
 
     def _generate_parts(self, name, parts, graph, local) -> GeneratedKernel:
         """One C function calling one static function per part, each with its own loop structure."""
@@ -80,18 +100,17 @@ class CppBackend:
             own = [f"xnumel{i}"] + ([f"rnumel{i}"] if k.has_rdim else [])
             ints += own
             call_ints += [k.X] + ([k.R] if k.has_rdim else [])
-            src = k.source().replace(f'extern "C" int {k.name}(', f"static int {k.name}(")
-            lines += [ln for ln in src.splitlines() if not ln.startswith("// ember-args:")] + [""]
+            lines += k.source(exported=False).splitlines() + [""]
             args = [ptr_of[buf] for _, buf in k.args.call_order()] + own + list(k.args.sizes.values())
             calls.append(f"  ember_err |= {k.name}({', '.join(args + ['ember_threads'])});")
         params = [f"const {storage_type(graph.get_dtype(buf))}* {p}" if p.startswith("in_ptr") else
                   f"{storage_type(graph.get_dtype(buf))}* {p}" for p, buf in reg.call_order()]
         params += [f"int64_t {s}" for s in ints + sizes] + ["int ember_threads"]
-        lines += [f"// ember-args: {len(ptr_of)} {len(ints) + len(sizes)}",
-                  f'extern "C" int {name}({", ".join(params)}) {{', "  int ember_err = 0;"] + calls
+        lines += [f'extern "C" int {name}({", ".join(params)}) {{', "  int ember_err = 0;"] + calls
         lines += ["  return ember_err;", "}"]
         source = "\n".join(lines) + "\n"
         call_args = [Name(buf) for _, buf in reg.call_order()] + call_ints + [sympy.Symbol(s) for s in sizes]
         call = CallKernel(name, call_args, [sympy.Integer(1)], {})
         stored = set().union(*(set(k.args.outputs) for k in kernels))
-        return GeneratedKernel(DefineKernel(name, source, self.name), call, stored, source)
+        signature = KernelSignature(tuple(ptr_of.values()), tuple(ints + sizes))
+        return GeneratedKernel(DefineKernel(name, source, self, signature=signature), call, stored, source)

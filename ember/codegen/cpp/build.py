@@ -238,7 +238,6 @@ def build(source: str) -> str:
 
 # -- loading ------------------------------------------------------------------------------------------
 
-_ARGS = re.compile(r"^// ember-args: (\d+) (\d+)$", re.M)
 _libs: dict[str, ctypes.CDLL] = {}
 
 
@@ -282,15 +281,12 @@ def load_library(source: str) -> ctypes.CDLL:
 
 
 def load_cpp_kernels(kernels) -> dict:
-    """DefineKernel lines (backend "cpp") of one graph -> {kernel name: launcher}, built as one library."""
+    """The C++ DefineKernel lines of one graph -> {kernel name: launcher}, built as one library."""
     if not kernels:
         return {}
     source = PRELUDE + "\n" + "\n".join(k.source for k in kernels)
     lib = load_library(source)
     out = {}
     for k in kernels:
-        m = _ARGS.search(k.source)
-        if m is None:
-            raise ValueError(f"C++ kernel {k.name} has no '// ember-args:' line")
-        out[k.name] = CppLauncher(lib, k.name, int(m.group(1)), int(m.group(2)))
+        out[k.name] = CppLauncher(lib, k.name, len(k.signature.pointers), len(k.signature.sizes))
     return out

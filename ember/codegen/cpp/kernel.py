@@ -508,9 +508,9 @@ class CppKernel(CppSpelling, SectionedKernel):
         out += [f"int64_t {s}" for s in self.args.sizes.values()]
         return out + ["int ember_threads"]
 
-    def source(self) -> str:
-        nptr = len(self.args.call_order())
-        nint = 1 + int(self.has_rdim) + len(self.args.sizes)
+    def source(self, exported: bool = True) -> str:
+        """The kernel as a C++ function: `extern "C"` for the library's loader, or `static` where another
+        generated function calls it (cpp/backend.py's kernel of independent parts)."""
         params = ", ".join(self.params())
         lines = []
         if self.tiled:
@@ -520,9 +520,8 @@ class CppKernel(CppSpelling, SectionedKernel):
             serial, threaded = self._tiled_loop()
             lines += [f"static __attribute__((noinline)) int {self.name}_threaded({params}) {{",
                       "  int ember_err = 0;"] + threaded + ["  return ember_err;", "}"]
-        lines += [f"// ember-args: {nptr} {nint}",
-                  f'extern "C" int {self.name}({params}) {{',
-                  "  int ember_err = 0;"]
+        linkage = 'extern "C"' if exported else "static"
+        lines += [f"{linkage} int {self.name}({params}) {{", "  int ember_err = 0;"]
         if not self.has_rdim:
             lines += self._pointwise_loop()
         elif self.tiled:

@@ -34,7 +34,6 @@ import torch.fx
 from torch.fx.node import has_side_effect
 
 from ... import config
-from ...runtime.loader import load_triton_kernels
 from ..kernel import print_index
 from ...runtime import checks
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
@@ -231,7 +230,7 @@ class FxRenderer:
     def define_kernel(self, ln: DefineKernel):
         node = self.attr(self.kernels[ln.name], ln.name)
         node.meta["ember_kernel_source"] = ln.source
-        node.meta["ember_kernel_backend"] = ln.backend
+        node.meta["ember_kernel_backend"] = ln.backend.name
         self.env[f"<kernel {ln.name}>"] = node
 
     def call_kernel(self, ln: CallKernel):
@@ -286,21 +285,6 @@ RENDERERS: dict[type, Callable] = {
 }
 
 
-def load_kernels(program: WrapperProgram) -> dict:
-    """Kernel name -> launchable (`kernel[grid](*args, **meta)`), for every DefineKernel line."""
-    by_backend: dict[str, list] = {}
-    for k in program.kernels():
-        by_backend.setdefault(k.backend, []).append(k)
-    out: dict = {}
-    for backend, kernels in by_backend.items():
-        if backend.startswith("triton"):
-            out.update(load_triton_kernels(kernels, backend))
-        else:
-            from ..cpp import load_cpp_kernels  # noqa: the C++ backend, once present
-            out.update(load_cpp_kernels(kernels))
-    return out
-
-
 class BoxedCall:
     """The boxed calling convention compile_graph's callers use: `fn(list_of_inputs) -> tuple`, the list
     emptied. Unlike the Python wrapper, which drops an input at its Free line, the positional call keeps
@@ -323,7 +307,7 @@ class FxWrapper:
     graph's inputs as positional arguments and returns its outputs."""
 
     def render(self, program: WrapperProgram) -> torch.fx.GraphModule:
-        return FxRenderer(program, load_kernels(program)).render()
+        return FxRenderer(program, program.load_kernels()).render()
 
     def compile_graph(self, gm: torch.fx.GraphModule) -> Callable:
         return gm

@@ -47,16 +47,24 @@ class Reuse:
     release_old: bool = True
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelSignature:
+    """A kernel's parameters in the order the wrapper passes them: buffer pointers, then int64 sizes."""
+    pointers: tuple
+    sizes: tuple
+
+
 @dataclasses.dataclass
 class DefineKernel:
     name: str
     source: str
-    backend: str         # "triton" | "triton-interpret" | "cpp"
+    backend: Any         # the ember.device.KernelBackend that generated it, and loads it
     # candidate launch configs, timed at first call (autotuning), or made per size class (a persistent
     # reduction over a symbolic row: RBLOCK follows the row's length)
     tuning: Optional[KernelTuning] = None
     warm: Optional[WarmSpec] = None         # how it will be launched, to compile it ahead (GPU only)
     device: Optional[torch.device] = None   # where it runs (Triton on a GPU launches on the current device)
+    signature: Optional[KernelSignature] = None
 
 
 @dataclasses.dataclass
@@ -128,3 +136,13 @@ class WrapperProgram:
 
     def kernels(self) -> list:
         return [ln for ln in self.lines if isinstance(ln, DefineKernel)]
+
+    def load_kernels(self) -> dict:
+        """Kernel name -> launchable, for every DefineKernel line, each loaded by its backend."""
+        by_backend: dict = {}
+        for k in self.kernels():
+            by_backend.setdefault(k.backend, []).append(k)
+        out: dict = {}
+        for backend, kernels in by_backend.items():
+            out.update(backend.load(kernels))
+        return out

@@ -6,11 +6,11 @@ from typing import Any
 import sympy
 import torch
 
-from ... import config, metrics
+from ... import config
 from ...runtime.checks import check_layout, conform_layout, debug_sync
-from ...runtime.loader import load_module, load_triton_kernels
+from ...runtime.loader import load_module
 from ...runtime.tensors import fast_empty_strided, reinterpret
-from ..backends import guarded_device_index
+from .device_guard import guarded_device_index
 from ..kernel import print_index
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
                     Reuse, SymbolDef, View, WrapperProgram, device_call_label)
@@ -131,15 +131,7 @@ def compile_python(program: WrapperProgram):
     """-> (callable taking a list of args, its source)."""
     w = PythonWrapper(program)
     source = w.render()
-    by_backend: dict[str, list] = {}
-    for k in program.kernels():
-        by_backend.setdefault(k.backend, []).append(k)
-    for backend, kernels in by_backend.items():
-        if backend.startswith("triton"):
-            w.globals.update(load_triton_kernels(kernels, backend))
-        else:
-            from ..cpp import load_cpp_kernels  # noqa: the C++ backend, once present
-            w.globals.update(load_cpp_kernels(kernels))
+    w.globals.update(program.load_kernels())
     w.globals.update(program.constants)
     mod = load_module(source, "ember_wrapper", w.globals)
     return mod.call, source

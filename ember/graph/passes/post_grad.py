@@ -7,6 +7,7 @@ import torch
 import torch.fx
 
 from ... import config
+from ...device import backend_for
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 
 aten = torch.ops.aten
@@ -89,9 +90,8 @@ def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
     log-softmax and cross-entropy, become one `ember::softmax_stats(x, d)`: one reduction carrying the
     running max and the sum of exp rescaled to it, so a row too long to hold in registers is read once,
     not once for the max and again for the sum, where the kernel backend wants that
-    (codegen.backends.reads_rows_online). Float32/64 rows only (narrow floats are upcast first by the
+    (KernelBackend.reads_rows_online). Float32/64 rows only (narrow floats are upcast first by the
     decompositions, and the statistics' dtype must be x's)."""
-    from ...codegen.backends import reads_rows_online     # the kernel backend's preference, asked by device
     from ..custom_ops import softmax_stats
     g = gm.graph
     for m in list(g.nodes):
@@ -100,7 +100,7 @@ def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
         x = m.args[0]
         val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
         if val is None or val.dtype not in (torch.float32, torch.float64) or val.dim() == 0 or \
-                not reads_rows_online(val.device):
+                not backend_for(val.device).reads_rows_online:
             continue
         dim = _one_dim(m.args[1] if len(m.args) > 1 else m.kwargs.get("dim"), val.dim())
         if dim is None or not _reduces_like(m, aten.amax.default, x, dim):
@@ -141,9 +141,8 @@ def _feeds_pointwise_only(node) -> bool:
 def unfuse_bias_addmm(gm: torch.fx.GraphModule) -> None:
     """`addmm(bias, a, b)` whose result only feeds pointwise ops is `mm(a, b) + bias`: the add (and
     autocast's cast of the bias) then runs in the kernel of those ops, which reads the product anyway,
-    instead of as a separate cast kernel before the GEMM (codegen.backends.adds_matmul_bias_in_epilogue).
+    instead of as a separate cast kernel before the GEMM (KernelBackend.adds_matmul_bias_in_epilogue).
     A 16-bit product is then rounded before the bias is added, as inductor's does."""
-    from ...codegen.backends import adds_matmul_bias_in_epilogue
     g = gm.graph
     for n in list(g.nodes):
         if n.op != "call_function" or n.target is not aten.addmm.default or n.kwargs:
@@ -151,7 +150,7 @@ def unfuse_bias_addmm(gm: torch.fx.GraphModule) -> None:
         bias, a, b = n.args
         val, bval = n.meta.get("val"), bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
         if val is None or bval is None or bval.dim() != 1 or bval.dtype != val.dtype or \
-                not adds_matmul_bias_in_epilogue(val.device) or not _feeds_pointwise_only(n):
+                not backend_for(val.device).adds_matmul_bias_in_epilogue or not _feeds_pointwise_only(n):
             continue
         with g.inserting_before(n):
             mm = g.call_function(aten.mm.default, (a, b))
@@ -174,7 +173,7 @@ _PADDED_MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 
 def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     """A large mm/addmm whose M, K or N is not a multiple of the device's matmul alignment
-    (codegen.backends.matmul_alignment) runs on zero-padded operands and its result is sliced back:
+    (KernelBackend.matmul_alignment) runs on zero-padded operands and its result is sliced back:
     zeros added along K add nothing, rows or columns added along M or N are sliced off. On an H200,
     GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus the copies.
 
@@ -187,7 +186,6 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
     padded row stride, as inductor does: no copy, no chunks (GPT-2's logits: 2.6 ms per step where the
     row chunks took 4.1-5.3 back to back, scripts/host_profile.py)."""
-    from ...codegen.backends import matmul_alignment
     from ..custom_ops import padded_mm
     g = gm.graph
     inference = gm.meta.get(GRAPH_KIND) == "inference"
@@ -243,7 +241,7 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
             continue
         if bias is not None and (not isinstance(bias, torch.fx.Node) or bias.meta["val"].dim() != 1):
             continue
-        align = matmul_alignment(va.device) // va.element_size()
+        align = backend_for(va.device).matmul_alignment // va.element_size()
         (M, K), N = va.shape, vb.shape[1]
         if align <= 1 or M * K * N < PAD_MATMUL_MIN_MACS or min(M, K, N) < 64:
             continue

@@ -1,0 +1,143 @@
+"""The Triton kernel backend: fused groups -> Triton kernels, on CUDA GPUs, or on CPUs through Triton's
+interpreter (`ember.config.cpu_backend = "triton"`: the CPU test path of the Triton code)."""
+from __future__ import annotations
+
+import os
+import types
+
+import sympy
+
+from ...config import config
+from ...device import KernelBackend
+from ...ir.symbolic import FloorDiv, hint
+from ...runtime import compile_pool
+from ...runtime.autotune import Autotuned, KernelTuning
+from ...runtime.launch import Launcher
+from ...runtime.loader import load_module
+from ...schedule.tiling import choose_tiling
+from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
+from ..wrapper.lines import CallKernel, DefineKernel, Name
+from .heuristics import candidate_configs, row_sized_configs
+from .kernel import TritonKernel
+
+_HEADER = "import triton\nimport triton.language as tl\n"
+_LIBDEVICE = {False: "from triton.language.extra import libdevice\n",
+              True: "from ember.codegen.triton import interp_libdevice as libdevice\n"}
+
+
+class TritonBackend(KernelBackend):
+    file_extension = "py"
+    # cuBLAS picks its fast kernels only when every leading dimension is a multiple of 16 bytes (a GEMM
+    # over GPT-2's 50257-wide vocabulary otherwise runs several times slower: graph/passes/post_grad.py)
+    matmul_alignment = 16
+    # a long row is then read from memory once, not twice (once for the max, again for the sum)
+    reads_rows_online = True
+
+    def __init__(self, interpret: bool):
+        self.interpreted = interpret
+        self.name = "triton" if not interpret else "triton-interpret"
+        self.device_type = "cpu" if interpret else "cuda"
+        self.launches_on_current_device = not interpret
+        # under autocast a bias needs a cast kernel of its own before the GEMM can add it; in the epilogue
+        # of the pointwise kernel that reads the product the cast is free
+        self.adds_matmul_bias_in_epilogue = not interpret
+
+    def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
+        # a program per long row, per XBLOCK (~64) columns of a strided reduction; 8192 partial rows fill a
+        # large GPU even at XBLOCK 64. Row reductions over 1024 rows and more are not split: those rows
+        # are already enough programs, and a split LayerNorm or softmax would read its input twice.
+        return (4096, 8192) if strided else (1023, 8192)
+
+    @property
+    def tunes(self) -> bool:
+        return config.autotune and not self.interpreted
+
+    @property
+    def precompiles(self) -> bool:
+        return not self.interpreted
+
+    # -- code ---------------------------------------------------------------------------------------------
+
+    def generate(self, name, group, graph, local) -> GeneratedKernel:
+        if self.precompiles:
+            compile_pool.start()        # workers boot while the rest of the graph is generated
+        tiling = choose_tiling(group)
+        k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
+        meta = k.launch_config()
+        args = kernel_call_args(k)
+        source = k.source()
+        stored = set(k.args.outputs)
+        tuning = self._tuning(k, meta)
+        warm = self._warm(graph, args, tuning.configs if tuning else [meta])
+        define = DefineKernel(name, source, self, tuning, warm, group.device(), kernel_signature(k))
+        if tuning:
+            return GeneratedKernel(define, CallKernel(name, args, None, {}), stored, source)
+        xblock = meta["XBLOCK"]
+        grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
+        if k.tiled:
+            grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
+        return GeneratedKernel(define, CallKernel(name, args, grid, meta), stored, source)
+
+    def _warm(self, graph, args, configs):
+        if not self.precompiles:
+            return None
+        return compile_pool.WarmSpec([graph.get_dtype(a) if isinstance(a, Name) else hint(a) for a in args], configs)
+
+    def _tuning(self, k, meta):
+        ptrs = k.args.call_order()
+        written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+        if k.rblock_at_launch:
+            # RBLOCK must cover the row the launch passes: the launcher picks the config per size class
+            configs_for = row_sized_configs(k, self.tunes)
+            return KernelTuning(configs_for(hint(k.X), hint(k.R)), len(ptrs), k.tiled, written, configs_for)
+        if not self.tunes:
+            return None
+        configs = candidate_configs(k, meta)
+        if len(configs) < 2:
+            return None
+        return KernelTuning(configs, len(ptrs), k.tiled, written)
+
+    def load(self, kernels) -> dict:
+        if not kernels:
+            return {}
+        if self.interpreted:
+            check_interpreter()
+        source = _HEADER + _LIBDEVICE[self.interpreted] + "\n\n" + "\n\n".join(k.source for k in kernels)
+        mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
+        if self.precompiles:
+            compile_pool.precompile(mod, triton_helpers(), kernels)
+        return {k.name: Autotuned(self._launchable(getattr(mod, k.name)), k.tuning, k.source) if k.tuning
+                else self._launchable(getattr(mod, k.name)) for k in kernels}
+
+    def _launchable(self, fn):
+        if self.interpreted or not config.fast_launch or is_interpreted(fn):
+            return fn
+        return Launcher(fn)
+
+
+_helpers: dict = {}
+
+
+def triton_helpers() -> types.ModuleType:
+    """ember.codegen.triton.helpers, loaded from its file as generated kernels are (so it follows the
+    interpreter setting); the compile workers load it by its path."""
+    if "mod" not in _helpers:
+        with open(os.path.join(os.path.dirname(__file__), "helpers.py")) as f:
+            _helpers["mod"] = load_module(f.read(), "ember_helpers")
+    return _helpers["mod"]
+
+
+def check_interpreter() -> None:
+    """Triton's interpreter works only if TRITON_INTERPRET=1 was set before triton was imported (its
+    library functions are wrapped at import); say so plainly instead of failing inside a kernel."""
+    import triton.language as tl
+    if not is_interpreted(tl.standard.sum):
+        raise RuntimeError(
+            "ember runs Triton kernels for CPU tensors through the Triton interpreter, which needs "
+            "TRITON_INTERPRET=1 in the environment before triton is imported. Set it when starting "
+            "Python, import ember before anything imports triton, or use ember.config.cpu_backend='cpp'.")
+
+
+def is_interpreted(fn) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(fn, InterpretedFunction)

@@ -1,0 +1,109 @@
+"""Kernel backends as objects, and the one registry that picks a backend for a device.
+
+A kernel backend turns fused groups into kernels for one kind of device and loads them. Its policies —
+how a matmul's sizes should be aligned, whether a reduction of few long rows is split, whether softmax's
+row statistics are one online reduction — are attributes and methods of the object, so the passes and
+lowerings ask `backend_for(device)` instead of branching on the device or on a setting. Nothing in this
+module knows a particular backend: `ember/codegen/__init__.py` registers the built-in ones (Triton for
+CUDA, C++/OpenMP and Triton's interpreter for CPUs); another backend (ROCm, XPU, a new CPU ISA) is a
+folder under `ember/codegen/` plus one `register_backend` call.
+
+Which backend a device type gets: its default, or for a device type with a setting in `ember.config`
+(`cpu_backend` for "cpu"), the backend that setting names.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .config import config
+
+
+class KernelBackend:
+    """What every kernel backend provides. Subclasses set the attributes and implement the methods."""
+
+    name: str = ""                       # registered choice for its device type, and its kernels' label
+    device_type: str = ""
+    file_extension: str = ""             # of its kernel sources, in debug dumps ("py", "cpp")
+    interpreted: bool = False            # kernels run in an interpreter: correct but slow (keep sizes small)
+    # launches run on the current device rather than on their tensors' device: a graph whose kernels run
+    # on one device makes it current for the call (codegen/wrapper/device_guard.py)
+    launches_on_current_device: bool = False
+
+    # -- policies the passes and lowerings ask for --------------------------------------------------------
+    # bytes that a matmul's sizes should be multiples of (0: any size does; graph/passes/post_grad.py)
+    matmul_alignment: int = 0
+    # a matmul bias whose result only feeds pointwise ops is added by those ops' kernel, not by the GEMM
+    adds_matmul_bias_in_epilogue: bool = False
+    # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once
+    reads_rows_online: bool = False
+    # tiling of pointwise kernels (schedule/tiling.py): the least extent of either tile axis, and whether a
+    # kernel whose accesses are all contiguous along one non-last dim tiles too (channels-last walked in
+    # NCHW order), not only transposes
+    tile_min_extent: int = 16
+    tiles_single_contiguous_dim: bool = True
+
+    def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
+        """(most, aim) for a reduction of few long rows (lowering/reductions.py): one of at most `most`
+        rows is split into about `aim` partial rows, reduced by a second kernel. `strided`: the rows are
+        reduced along a strided dim. (0, 0): never split."""
+        return (0, 0)
+
+    # -- code ---------------------------------------------------------------------------------------------
+    def generate(self, name: str, group, graph, local: set):
+        """One fused group -> a codegen.generate.GeneratedKernel (its DefineKernel and CallKernel lines)."""
+        raise NotImplementedError
+
+    def load(self, kernels: list) -> dict:
+        """This backend's DefineKernel lines of one graph -> {kernel name: launchable}."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name} for {self.device_type}>"
+
+
+# device type -> the ember.config field that names its backend (device types without one use the default)
+_SETTINGS = {"cpu": "cpu_backend"}
+_FACTORIES: dict[tuple[str, str], Callable[[], KernelBackend]] = {}
+_DEFAULTS: dict[str, str] = {}
+_INSTANCES: dict[tuple[str, str], KernelBackend] = {}
+
+
+def register_backend(device_type: str, name: str, factory: Callable[[], KernelBackend], *,
+                     default: bool = False) -> None:
+    """Make `factory()` the backend `name` for `device_type` (called once, at its first use)."""
+    _FACTORIES[(device_type, name)] = factory
+    _INSTANCES.pop((device_type, name), None)
+    if default or device_type not in _DEFAULTS:
+        _DEFAULTS[device_type] = name
+
+
+def backend_names(device_type: str) -> list[str]:
+    """The backends registered for a device type."""
+    return [n for (t, n) in _FACTORIES if t == device_type]
+
+
+def backend_for(device) -> KernelBackend:
+    """The kernel backend for `device` (a torch.device or a string such as "cuda:0")."""
+    device_type = torch.device(device).type
+    setting = _SETTINGS.get(device_type)
+    name = getattr(config, setting) if setting else _DEFAULTS.get(device_type)
+    key = (device_type, name)
+    if key not in _INSTANCES:
+        factory = _FACTORIES.get(key)
+        if factory is None:
+            choices = backend_names(device_type)
+            if setting and choices:
+                raise ValueError(f"ember.config.{setting}={name!r}: use one of {', '.join(map(repr, choices))}")
+            raise NotImplementedError(f"ember has no kernel backend for device {device}")
+        _INSTANCES[key] = factory()
+    return _INSTANCES[key]
+
+
+def check_backend_settings() -> None:
+    """Raise a clear error for an ember.config field that names no registered backend."""
+    for device_type, setting in _SETTINGS.items():
+        name, choices = getattr(config, setting), backend_names(device_type)
+        if name not in choices:
+            raise ValueError(f"ember.config.{setting}={name!r}: use one of {', '.join(map(repr, choices))}")
