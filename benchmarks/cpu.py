@@ -1,6 +1,6 @@
 """CPU: eager vs torch.compile (inductor) vs ember (C++/OpenMP kernels), one process, checked against eager.
 
-    python benchmarks/cpu.py [--threads 2] [--rounds 7] [--iters 10] [--cases softmax,gpt] [--no-cold]
+    python -m benchmarks.cpu [--threads 2] [--rounds 7] [--iters 10] [--cases softmax,gpt] [--no-cold]
 
 Each timed round calls every backend `--iters` times in turn (backends interleaved, so load from other
 jobs hits all of them alike); a cell is the median over rounds of the per-call mean, in ms. Cold compile
@@ -22,9 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
-import ember  # noqa: E402,F401  (registers the backend)
-from benchmarks.common import tensors  # noqa: E402
+import ember  # noqa: F401  (registers the backend)
+from benchmarks.kernels import tensors
 
 f32 = torch.float32
 
@@ -153,8 +152,7 @@ def bench_case(name, fn, make_args, backends, rounds, iters):
 
 
 _COLD = r"""
-import os, sys, time, torch
-sys.path.insert(0, {root!r})
+import time, torch
 torch.set_num_threads({threads})
 import benchmarks.cpu as b
 be = {backend!r}
@@ -180,7 +178,8 @@ def cold_compile(backend: str, threads: int) -> dict:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(d, "inductor"),
                    EMBER_CACHE_DIR=os.path.join(d, "ember"), TRITON_CACHE_DIR=os.path.join(d, "triton"))
         env.pop("EMBER_DEBUG", None)
-        r = subprocess.run([sys.executable, "-c", _COLD.format(root=root, threads=threads, backend=backend)],
+        # `python -c` imports from its working directory first: benchmarks/ and ember from this checkout
+        r = subprocess.run([sys.executable, "-c", _COLD.format(threads=threads, backend=backend)], cwd=root,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     for line in r.stdout.splitlines():
         if line.startswith("COLD "):

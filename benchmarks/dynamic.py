@@ -1,7 +1,7 @@
 """Dynamic shapes on real models (GPU): one `dynamic=True` compile serving several sequence lengths,
 timed against a static compile per length. Needs `transformers` (random weights from configs).
 
-    python benchmarks/dynamic.py --models gpt2,bert --seqs 128,384,512,1000 [--out dyn.json]
+    python -m benchmarks.dynamic --models gpt2,bert --seqs 128,384,512,1000 [--out dyn.json]
 """
 import argparse
 import json

@@ -1,8 +1,9 @@
 """Memory-bound kernels: time per call and achieved bandwidth of eager, inductor and ember, against a
 measured copy roofline, with each backend's result checked against eager.
 
-    python benchmarks/kernels.py --backends eager,inductor,ember [--out results.json]    # on a GPU
-    python benchmarks/kernels.py --device cpu --small --backends eager,ember              # CPU smoke test
+    python -m benchmarks.kernels --backends eager,inductor,ember [--out results.json]    # on a GPU
+    python -m benchmarks.kernels --device cpu --small --backends eager,ember              # CPU smoke test
+    ember bench ARGS                                                                       # the same, from the CLI
 
 Bytes moved = every tensor input read once + every output written once: the least any kernel (or set of
 kernels) computing the case must move, so GB/s is comparable across backends and against a copy.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import platform
 import statistics
 import sys
@@ -22,11 +22,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
-import ember  # noqa: E402  (before triton is imported: sets TRITON_INTERPRET=1 without a GPU)
-from benchmarks.common import tensors  # noqa: E402
+import ember  # before triton is imported: sets TRITON_INTERPRET=1 without a GPU
+from torch.utils._pytree import tree_leaves
 
 bf16, f32 = torch.bfloat16, torch.float32
+
+
+def tensors(tree) -> list:
+    """The tensors in a nest of tuples, lists and dicts, in order. (The other benchmarks import it from here;
+    this file imports nothing from theirs, because `ember bench` runs it by path, outside the package.)"""
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 def rmsnorm_residual(x, r, w):

@@ -1,6 +1,6 @@
 """Peak memory of one step, eager vs inductor vs ember, in one process (the models of `models.py`).
 
-    python benchmarks/memory.py [--models gpt2] [--modes infer,train] [--device cpu] [--small]
+    python -m benchmarks.memory [--models gpt2] [--modes infer,train] [--device cpu] [--small]
 
 Peak = the most bytes allocated at once during a step, above what was allocated before it (after a first,
 compiling step): CUDA's allocator statistics on a GPU, the profiler's record of every CPU allocation on a
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ember  # noqa: E402,F401
-import models as M  # noqa: E402
-from ember.testing import peak_bytes  # noqa: E402
+import ember  # noqa: F401  (registers the backend)
+from benchmarks import models as M
+from ember.testing import peak_bytes
 
 
 def main() -> None:
@@ -37,6 +33,8 @@ def main() -> None:
             torch.manual_seed(0)
             base, n_out = M.build(name, a.small)
             inp = M.make_inputs(name, mode, a.small, n_out, a.device)
+            if a.device != "cuda":          # float32 models on a CPU take float32 images
+                inp = {k: v.float() if v.is_floating_point() else v for k, v in inp.items()}
             cells = []
             for spec in specs:
                 torch._dynamo.reset()

@@ -1,13 +1,14 @@
 """Whole models: eager vs inductor vs ember, inference and training, one process, every compiled backend
 checked against eager.
 
-    python benchmarks/models.py [--device cuda] [--models resnet50,vit,convnext,bert,gpt2,llama]
+    python -m benchmarks.models [--device cuda] [--models resnet50,vit,convnext,bert,gpt2,llama]
         [--modes infer,train] [--backends eager,inductor,ember] [--small] [--json out.json] [--iters N]
         [--budget-s S]     # start no model after S seconds (default 540 on GPU: one 10-minute device command)
-    python benchmarks/models.py --device cpu --small --models bert,gpt2,llama       # CPU smoke test
+    python -m benchmarks.models --device cpu --small --models bert,gpt2,llama       # CPU smoke test
 
 Models have random weights built from torchvision / timm / transformers configs (nothing is downloaded);
-one whose package is missing is reported as skipped. Dropout is off, so compiled and eager steps compute
+one whose package is missing is reported as skipped. `mlp` (a small MLP classifier, not among the six) needs
+no model package: the tools' smoke tests (tests/test_tools.py) run it. Dropout is off, so compiled and eager steps compute
 the same function. `--small` shrinks every model and input (tiny configs, 64x64 images, seq 32).
 - infer: model.eval(), bf16 weights and inputs, torch.no_grad(); images 32x3x224x224, text 8x512.
 - train: fp32 weights, forward + backward under bf16 autocast; images 16x3x224x224 (loss: cross-entropy
@@ -37,7 +38,6 @@ import collections
 import copy
 import gc
 import json
-import os
 import platform
 import statistics
 import sys
@@ -47,13 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # ember from this checkout
-import ember  # noqa: E402  (registers the backend; before triton is imported)
-from benchmarks.common import tensors  # noqa: E402
+import ember  # registers the backend; imported before triton
+from benchmarks.kernels import tensors
 
 bf16 = torch.bfloat16
 MODELS = ["resnet50", "vit", "convnext", "bert", "gpt2", "llama"]
 IMAGE_MODELS = {"resnet50", "vit", "convnext"}
+MLP_FEATURES = 32
 TOL = {"infer": 1e-2, "train": 5e-2}
 FP64_MULTIPLIER = 3.0
 
@@ -62,6 +62,10 @@ FP64_MULTIPLIER = 3.0
 
 def build(name: str, small: bool):
     """(fp32 model with random weights, number of classes or vocabulary size). ImportError if a package is missing."""
+    if name == "mlp":
+        hidden = 64 if small else 1024
+        return torch.nn.Sequential(torch.nn.Linear(MLP_FEATURES, hidden), torch.nn.GELU(), torch.nn.LayerNorm(hidden),
+                                   torch.nn.Linear(hidden, 10)), 10
     if name == "resnet50":
         import torchvision
         if small:
@@ -104,9 +108,9 @@ def build(name: str, small: bool):
 
 def make_inputs(name: str, mode: str, small: bool, n_out: int, device: str) -> dict:
     g = torch.Generator().manual_seed(0)
-    if name in IMAGE_MODELS:
+    if name in IMAGE_MODELS or name == "mlp":
         b, hw = (2, 64) if small else (32 if mode == "infer" else 16, 224)
-        x = torch.randn(b, 3, hw, hw, generator=g)
+        x = torch.randn(b, MLP_FEATURES, generator=g) if name == "mlp" else torch.randn(b, 3, hw, hw, generator=g)
         inp = {"x": x.to(bf16) if mode == "infer" else x, "target": torch.randint(0, n_out, (b,), generator=g)}
     else:
         b, s = (2, 32) if small else (8 if mode == "infer" else 4, 512)
@@ -114,25 +118,13 @@ def make_inputs(name: str, mode: str, small: bool, n_out: int, device: str) -> d
     return {k: v.to(device) for k, v in inp.items()}
 
 
-def model_and_inputs(name: str, mode: str, device: str = "cuda"):
-    """(model, inputs) of one full-size benchmark step, as the probes in scripts/ build them: bf16 weights
-    for inference, float32 (trained under bf16 autocast) for training."""
+def model_and_inputs(name: str, mode: str, device: str = "cuda", small: bool = False):
+    """(model, inputs) of one benchmark step, as scripts/profile_model.py builds it: bf16 weights for inference,
+    float32 (trained under bf16 autocast) for training."""
     torch.manual_seed(0)
-    m0, n_out = build(name, False)
+    m0, n_out = build(name, small)
     model = m0.to(device=device, dtype=bf16 if mode == "infer" else torch.float32).train(mode == "train")
-    return model, make_inputs(name, mode, False, n_out, device)
-
-
-def probe_arguments(steps: int, top: int):
-    """The command line of the step probes in scripts/: MODEL MODE [BACKENDS] [--steps N] [--top N]."""
-    import argparse
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("mode", choices=["infer", "train"])
-    ap.add_argument("backends", nargs="?", default="inductor,ember")
-    ap.add_argument("--steps", type=int, default=steps)
-    ap.add_argument("--top", type=int, default=top)
-    return ap.parse_args()
+    return model, make_inputs(name, mode, small, n_out, device)
 
 
 def warm_step(model, inp: dict, mode: str, backend: str, device: str = "cuda"):

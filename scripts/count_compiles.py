@@ -1,13 +1,13 @@
 """How many Triton compiles a model's training step asks for on a GPU, counted on a machine without one.
 
-    EMBER_CPU_BACKEND=triton TRITON_INTERPRET=1 python scripts/count_compiles.py resnet50 [--batch 16]
+    EMBER_CPU_BACKEND=triton TRITON_INTERPRET=1 python -m scripts.count_compiles resnet50 [--batch 16]
 
 The step (forward, loss, backward, bf16 autocast as in benchmarks/models.py) is traced with fake tensors
 and each graph goes through ember's whole pipeline for the Triton backend with autotuning and the compile
 pool's bookkeeping switched on, so the counts are the GPU's: kernels generated, kernels defined (one per
 distinct source within a graph), and compile jobs (each defined kernel's launch configs: its autotuning
 candidates). Nothing runs. Sizes are the GPU benchmark's (images 224 x 224, text batch 4 x 512).
-Models: resnet50, vit and convnext (timm), bert, gpt2 and llama (transformers).
+Models: resnet50, vit and convnext (timm), bert, gpt2 and llama (transformers), and mlp (no package needed).
 """
 import argparse
 import collections
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402
-import ember.codegen.backends as backends  # noqa: E402
-import ember.codegen.wrapper.python as python_wrapper  # noqa: E402
-from ember.dynamo import _partition  # noqa: E402
-from ember.graph.decompose import decomposition_table  # noqa: E402
+import ember
+import ember.codegen.backends as backends
+import ember.codegen.wrapper.python as python_wrapper
+from benchmarks import models
+from ember.dynamo import _partition
+from ember.graph.decompose import decomposition_table
 
 counts = collections.Counter()
 candidates = collections.Counter()      # launch configs per generated kernel -> how many kernels
@@ -102,30 +102,27 @@ def _model(name: str):
         _stub_torchvision()
     if name == "resnet50":      # timm's, which needs no real torchvision
         import timm
-        return timm.create_model("resnet50", pretrained=False)
-    from benchmarks.models import build
-    return build(name, small=False)[0]
+        return timm.create_model("resnet50", pretrained=False), 1000
+    return models.build(name, small=False)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--batch", type=int, default=None, help="default: 16 images or 4 sequences of 512")
-    a = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=models.MODELS + ["mlp"])
+    ap.add_argument("--batch", type=int, default=None, help="default: the training benchmark's (16 images, 4 x 512 tokens)")
+    a = ap.parse_args(argv)
     if ember.config.cpu_backend != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with EMBER_CPU_BACKEND=triton TRITON_INTERPRET=1 (the Triton backend, on fake CPU tensors)")
     _count_as_on_a_gpu()
-    model = _model(a.model)
-    image = a.model in ("resnet50", "vit", "convnext")
+    ember.config.wrapper = "python"     # definitions are counted where the Python wrapper loads its kernels
+    model, n_out = _model(a.model)
+    example = models.make_inputs(a.model, "train", False, n_out, "cpu")      # only their sizes are used
+    image = "x" in example
     with FakeTensorMode():
         state = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).requires_grad_(v.requires_grad)
                  for k, v in list(model.named_parameters()) + list(model.named_buffers())}
         names = list(state)
-        if image:
-            b = a.batch or 16
-            data = [torch.empty(b, 3, 224, 224), torch.zeros(b, dtype=torch.long)]
-        else:
-            data = [torch.zeros(a.batch or 4, 512, dtype=torch.long)]
+        data = [torch.empty((a.batch or v.shape[0],) + v.shape[1:], dtype=v.dtype) for v in example.values()]
 
         def step(*args):
             tensors = dict(zip(names, args[:len(names)]))
@@ -142,7 +139,8 @@ def main() -> None:
     print(f"{a.model}: kernels generated {counts['generated']}, defined {counts['defined']}, Triton compile jobs "
           f"{counts['compile jobs']}; ember's own compile {counts['ember seconds']:.1f} s")
     print("launch configs per generated kernel -> kernels:", dict(sorted(candidates.items())))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

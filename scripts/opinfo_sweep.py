@@ -15,10 +15,10 @@ Results are checked against tests/opinfo_expected_failures.json ({"op:dtype": "r
 that fails/errors and is not listed, or is listed and passes, is "unexpected". A reason that starts
 with "flaky" accepts either outcome.
 
-    python scripts/opinfo_sweep.py --workers 2 --json sweep.json
-    python scripts/opinfo_sweep.py --ops add,softmax --dtypes float32 -v
-    python scripts/opinfo_sweep.py --grad --ops tanh,layer_norm          # float32 gradients
-    python scripts/opinfo_sweep.py --workers 2 --update-expected          # rewrite the expected file
+    python -m scripts.opinfo_sweep --workers 2 --json sweep.json
+    python -m scripts.opinfo_sweep --ops add,softmax --dtypes float32 -v
+    python -m scripts.opinfo_sweep --grad --ops tanh,layer_norm          # float32 gradients
+    python -m scripts.opinfo_sweep --workers 2 --update-expected          # rewrite the expected file
 """
 from __future__ import annotations
 
@@ -420,8 +420,8 @@ def sweep(ops, dtypes, limit=3, grad=False, workers=1, timeout=120, progress=Non
     return results
 
 
-def report(results, expected, grad=False, verbose=False, file=sys.stdout):
-    p = lambda *a: print(*a, file=file)  # noqa: E731
+def report(results, expected, grad=False, verbose=False, file=None):
+    p = lambda *a: print(*a, file=file or sys.stdout)  # noqa: E731
     counts = Counter(r["status"] for r in results)
     p("\n=== OpInfo sweep" + (" (gradients)" if grad else "") + " ===")
     p("counts per (op, dtype): " + ", ".join(f"{c}={counts.get(c, 0)}" for c in ("pass", "fail", "error", "skip")))

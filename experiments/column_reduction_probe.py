@@ -1,12 +1,11 @@
 """Column (strided-dim) reductions: ember's kernel time under several launch-config variants (the current
 heuristics, persistent rows without the column cap, and looped kernels with one forced config each), on a
-CUDA GPU. Results: benchmarks/NOTES.md, session 8.
-    python scripts/column_reduction_probe.py            # every variant, each in its own process
-    python scripts/column_reduction_probe.py main       # the current heuristics only
+CUDA GPU. Run from the repository root:
+    python -m experiments.column_reduction_probe            # every variant, each in its own process
+    python -m experiments.column_reduction_probe main       # the current heuristics only
 """
 import json, os, subprocess, sys, tempfile
 import torch
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 CASES = {
     "sum0_f32_8k": (lambda x: x.sum(0), lambda: (torch.randn(8192, 8192, device="cuda"),)),
@@ -61,7 +60,8 @@ if __name__ == "__main__":
     table = {}
     for v in VARIANTS:
         env = dict(os.environ, EMBER_CACHE_DIR=tempfile.mkdtemp(prefix="emc"))
-        p = subprocess.run([sys.executable, __file__, v], capture_output=True, text=True, env=env, timeout=200)
+        p = subprocess.run([sys.executable, "-m", "experiments.column_reduction_probe", v], capture_output=True,
+                           text=True, env=env, timeout=200, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         table[v] = json.loads(line[-1][7:]) if line else {"error": p.stderr[-300:]}
         print(v, json.dumps(table[v]), flush=True)

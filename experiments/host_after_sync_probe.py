@@ -1,7 +1,7 @@
 """Why does one compiled call take 25 us of host time after a sync on one anchor case and 60 us on another?
-(`scripts/anchor_breakdown.py`, H100 session 14: sum_rows 26.5 us, softmax 63.1, both one kernel.) Needs a
+(`experiments/anchor_breakdown.py` on an H100: sum_rows 26.5 us, softmax 63.1, both one kernel.) Needs a
 CUDA GPU:
-    python scripts/host_after_sync_probe.py PATH/TO/anchor_kernels.py [--cases softmax,sum_rows]
+    python -m experiments.host_after_sync_probe PATH/TO/anchor_kernels.py [--cases softmax,sum_rows]
 
 Per case, host us (perf_counter around one call, median) in two situations: right after a sync that waited
 for the case's own kernel (the anchor's situation) and right after a sync that waited for `torch.cuda._sleep`
@@ -11,16 +11,13 @@ of ~20 us; for: the torch.compile(backend="ember") call, ember's compiled graph 
 with the wait, the host is slower after a long sync (CPU idle states), not ember's path."""
 import argparse
 import importlib.util
-import os
-import sys
 import time
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402
-from scripts.anchor_breakdown import host_us  # noqa: E402
+import ember
+from experiments.anchor_breakdown import host_us
 
 
 def main():

@@ -1,16 +1,13 @@
 """Bias-gradient-like column sums (`g.view(4, 512, -1).float().sum([0, 1])`, bf16 gradients): GPU kernel
 time of inductor and of ember with the strided split reduction's minimum chunk at 512 and 128 rows, and with
 looped instead of persistent column kernels. Needs a CUDA GPU:
-    python scripts/column_sum_probe.py"""
-import os
-import sys
+    python -m experiments.column_sum_probe"""
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402
-from benchmarks.kernels import device_ms  # noqa: E402
-import ember.lowering.reductions as R  # noqa: E402
+import ember
+from benchmarks.kernels import device_ms
+import ember.lowering.reductions as R
 
 
 def bias_grad(g):

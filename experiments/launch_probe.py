@@ -1,20 +1,17 @@
 """Host time of one Triton kernel launch, piece by piece (needs a CUDA GPU):
-    python scripts/launch_probe.py
+    python -m experiments.launch_probe
 Times (us per call, best of rounds): torch.empty_strided on the GPU, Triton's JIT launch, the compiled
 kernel's own launcher (`CompiledKernel.run`), torch's C launcher given the same kernel
 (runtime/static_launch.py), ember's Launcher through each of the two, and an ATen op."""
-import os
-import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from ember import config  # noqa: E402
-from ember.runtime.launch import Launcher  # noqa: E402
-from ember.runtime.static_launch import static_launch  # noqa: E402
+from ember import config
+from ember.runtime.launch import Launcher
+from ember.runtime.static_launch import static_launch
 
 
 @triton.jit

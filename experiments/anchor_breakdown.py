@@ -1,5 +1,5 @@
 """Where the wall-clock anchor's time goes, per case and backend (needs a CUDA GPU):
-    python scripts/anchor_breakdown.py PATH/TO/anchor_kernels.py [--backends eager,inductor,ember]
+    python -m experiments.anchor_breakdown PATH/TO/anchor_kernels.py [--backends eager,inductor,ember]
 
 For each case of the anchor (its own `cases()` and its own timing: events around one call, the GPU idle
 before it) this prints, in us: `wall` (the anchor's median), `host` (perf_counter around the same call, the
@@ -8,15 +8,12 @@ profiler) and `gap` = wall - kernels (the GPU idle inside the timed span: host t
 launch, between launches and after the last)."""
 import argparse
 import importlib.util
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402,F401
-from benchmarks.kernels import device_ms  # noqa: E402
+import ember  # noqa: F401
+from benchmarks.kernels import device_ms
 
 
 def host_us(call, wait=None, iters=50):

@@ -1,25 +1,22 @@
 """Cross-entropy's row statistics (max and sum of exp over 32000 classes, bf16 read as float32): raw Triton
 variants against ember's kernel, kernel time by triton.testing.do_bench, % of a copy's bandwidth. Needs a
 CUDA GPU:
-    python scripts/cross_entropy_probe.py
+    python -m experiments.cross_entropy_probe
 
-Variants: `block` (ember's looped kernel since session 8: a block max per step, one exp per element),
+Variants: `block` (ember's looped kernel: a block max per step, one exp per element),
 `whole_row` (the row in registers: one read, no loop; RBLOCK 32768 at 16 or 32 warps), `block_split` (an unmasked loop over whole steps and a masked tail; with
 `stages=` the loop is software-pipelined by Triton, tl.range's num_stages, the next steps' loads in flight
 while one is reduced), `two_pass` (a max
 loop, then a sum-of-exp loop that re-reads the row, mostly from L2), and ember's own kernel with whole rows
 allowed (config.persistent_reduction_max=32768)."""
-import os
-import sys
 
 import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402
-from ember.codegen.triton import helpers  # noqa: E402
+import ember
+from ember.codegen.triton import helpers
 
 
 @triton.jit

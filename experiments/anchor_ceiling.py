@@ -1,5 +1,5 @@
 """The most any torch.compile backend can score on the wall-clock anchor (needs a CUDA GPU):
-    python scripts/anchor_ceiling.py PATH/TO/anchor_kernels.py
+    python -m experiments.anchor_ceiling PATH/TO/anchor_kernels.py
 
 For each case of the anchor, a stand-in with the case's byte count and the fewest host steps a compiled
 graph can take: Dynamo with a backend that returns the graph as traced (no AOTAutograd, no wrapper), whose
@@ -10,13 +10,10 @@ inside the span (`gap` = wall - the copy kernel's time) and the % a backend woul
 at 100% or 110% of copy with that gap. A bar above the ceiling cannot be met by any backend on this host."""
 import argparse
 import importlib.util
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmarks.kernels import device_ms  # noqa: E402
+from benchmarks.kernels import device_ms
 
 
 def main():

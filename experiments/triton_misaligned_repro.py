@@ -1,11 +1,11 @@
-"""A Triton fault, standalone: ember's ConvNeXt LayerNorm-gradient kernel (session 6) run with each launch
+"""A Triton fault, standalone: ember's ConvNeXt LayerNorm-gradient kernel run with each launch
 config in its own process (a CUDA fault ends the process that hits it). On an H100 with Triton 3.6 the
 config (XBLOCK 64, RBLOCK 32, 8 warps) faults with "misaligned address"; the others run and match
 torch. Variants: xcontig3 reads in_ptr3 along xindex like the other loads, no_load3 drops it, fp32_load3
 makes it float32. heuristics.FAULTING_COLUMN_CONFIG keeps ember off that config; rerun this on a newer Triton to
 see whether the guard can go.
 
-    python scripts/triton_misaligned_repro.py          # needs a CUDA GPU
+    python -m experiments.triton_misaligned_repro          # needs a CUDA GPU
 """
 import os, subprocess, sys, tempfile, importlib.util
 KERNEL = '''
@@ -43,7 +43,7 @@ def kernel161(in_ptr0, in_ptr1, in_ptr2, in_ptr3, in_ptr4, in_ptr5, out_ptr0, ou
     tl.store(out_ptr2 + (xindex), tmp16, xmask)
 '''
 
-# the faulting config first, then heuristics.LOOPED_COLUMN_CONFIGS (what ember launches since session 8),
+# the faulting config first, then heuristics.LOOPED_COLUMN_CONFIGS (what ember launches),
 # then the earlier candidates
 CFGS = [(64, 32, 8), (16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8),
         (128, 16, 8), (32, 64, 4), (128, 32, 8), (256, 8, 8), (8, 64, 4), (16, 16, 4)]

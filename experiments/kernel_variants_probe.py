@@ -1,10 +1,9 @@
-"""Session 8 (H200): raw Triton variants of two anchor kernels, kernel time by triton.testing.do_bench (ms) and % of copy:
+"""Raw Triton variants of two anchor kernels, kernel time by triton.testing.do_bench (ms) and % of copy:
 add+GELU bf16 (libdevice erf vs a branchless polynomial erf vs tanh) and the cross-entropy row stats
-(a block max per iteration; scripts/cross_entropy_probe.py has more variants). Needs a CUDA GPU:
-    python scripts/kernel_variants_probe.py
-Results: benchmarks/NOTES.md, session 8."""
-import torch, triton, triton.language as tl, sys, os
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+(a block max per iteration; experiments/cross_entropy_probe.py has more variants). Needs a CUDA GPU:
+    python -m experiments.kernel_variants_probe
+What it found is in docs/performance.md ("What limits each number")."""
+import torch, triton, triton.language as tl
 from triton.language.extra import libdevice
 from triton.testing import do_bench
 from ember.codegen.triton import helpers
@@ -90,7 +89,7 @@ def main():
     o0 = torch.empty(T, device="cuda"); o1 = torch.empty(T, device="cuda")
     rm = x.float().amax(1); rs = (x.float() - rm[:, None]).exp().sum(1)
     nb = x.numel() * 2
-    for kname in ("block", "block_nanmax"):      # the per-lane variant of session 8 used a combine helper since removed
+    for kname in ("block", "block_nanmax"):
         for xb, rb, w in ((1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (1, 4096, 16), (2, 1024, 8), (1, 8192, 16), (4, 512, 8)):
             f = lambda: ce_block[(T // xb,)](x, o0, o1, T, V, xb, rb, kname == "block_nanmax", num_warps=w)
             f()

@@ -1,16 +1,13 @@
 """BERT's attention operands copied for the math-SDPA bmm chain (bf16 [2048, 768] -> float32 heads): the keys
 transposed to [batch*heads, dim, seq] and the queries to [batch*heads, seq, dim]; GPU kernel time of ember
 with and without 2-D tiles, and of inductor. Needs a CUDA GPU:
-    python scripts/transpose_copy_probe.py"""
-import os
-import sys
+    python -m experiments.transpose_copy_probe"""
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import ember  # noqa: E402,F401
-from benchmarks.kernels import device_ms  # noqa: E402
-from ember.schedule import tiling  # noqa: E402
+import ember  # noqa: F401
+from benchmarks.kernels import device_ms
+from ember.schedule import tiling
 
 
 def keys(k):

@@ -2,7 +2,7 @@
 (50257 classes, 768 features, 4096 tokens): each product unpadded and padded to 8 elements, relative RMSE
 against float64, with torch's bf16 reduced-precision-reduction switch on (torch's default) and off, and the
 cuBLAS kernel each one ran. Needs a CUDA GPU:
-    python scripts/matmul_pad_probe.py"""
+    python -m experiments.matmul_pad_probe"""
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile

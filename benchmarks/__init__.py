@@ -1,0 +1,1 @@
+"""Benchmarks: eager vs inductor vs ember, run from the repository root as `python -m benchmarks.NAME`."""
