@@ -22,8 +22,7 @@ from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ember
-import ember.codegen.backends as backends
-import ember.codegen.wrapper.python as python_wrapper
+from ember.codegen.triton.backend import TritonBackend
 from benchmarks import models
 from ember.dynamo import _partition
 from ember.graph.decompose import decomposition_table
@@ -33,24 +32,22 @@ candidates = collections.Counter()      # launch configs per generated kernel ->
 
 
 def _count_as_on_a_gpu() -> None:
-    """The interpreter backend neither tunes nor precompiles; count as the GPU backend would."""
-    init, warm, load = backends.TritonBackend.__init__, backends.TritonBackend._warm, python_wrapper.load_triton_kernels
-
-    def init_as_gpu(self, interpret):
-        init(self, interpret)
-        self.tunes, self.precompiles = ember.config.autotune, True
+    """The interpreter backend neither tunes nor records launches for the compile pool; count as the GPU
+    backend would."""
+    warm, load = TritonBackend._warm, TritonBackend.load
+    TritonBackend.tunes = property(lambda self: ember.config.autotune)
+    TritonBackend.precompiles = property(lambda self: True)
 
     def warm_counted(self, graph, args, configs):
         counts["generated"] += 1
         candidates[len(configs)] += 1
         return warm(self, graph, args, configs)
 
-    def load_counted(kernels, backend):
+    def load_counted(self, kernels):
         counts["defined"] += len(kernels)
         counts["compile jobs"] += sum(len(k.warm.configs) for k in kernels if k.warm is not None)
-        return load(kernels, backend)
-    backends.TritonBackend.__init__, backends.TritonBackend._warm = init_as_gpu, warm_counted
-    python_wrapper.load_triton_kernels = load_counted
+        return load(self, kernels)
+    TritonBackend._warm, TritonBackend.load = warm_counted, load_counted
 
 
 def _compiler(gm, example_inputs, **kw):

@@ -43,8 +43,8 @@ MODULES = [
     "ember/graph/decompose.py", "ember/compile_graph.py", "ember/graph/passes/post_grad.py",
     "ember/lowering/graph_lowering.py", "ember/lowering/registry.py", "ember/lowering/fallback.py", "ember/ir/nodes.py",
     "ember/ir/ops.py", "ember/ir/deps.py", "ember/schedule/nodes.py", "ember/schedule/fusion.py",
-    "ember/schedule/memory.py", "ember/codegen/program.py", "ember/codegen/backends.py",
-    "ember/codegen/triton/kernel.py", "ember/codegen/triton/heuristics.py", "ember/codegen/wrapper/lines.py",
+    "ember/schedule/memory.py", "ember/codegen/program.py", "ember/device.py",
+    "ember/codegen/triton/backend.py", "ember/schedule/structure.py", "ember/codegen/triton/kernel.py", "ember/codegen/triton/heuristics.py", "ember/codegen/wrapper/lines.py",
     "ember/codegen/wrapper/python.py", "ember/runtime/loader.py", "ember/debug/dump.py",
 ]
 
@@ -222,7 +222,7 @@ change. With the default `cpu_backend="cpp"` the same fused groups become C++/Op
 | lowering | `ember/lowering/graph_lowering.py` + `ember/lowering/*.py` | ATen graph | buffers of loop IR (`ember/ir/nodes.py`) |
 | scheduler nodes | `ember/schedule/nodes.py`, `ember/ir/deps.py` | buffers | nodes with reads, writes, deps |
 | fusion | `ember/schedule/fusion.py` | nodes | fused groups, in execution order |
-| code generation | `ember/codegen/program.py`, `ember/codegen/backends.py`, `ember/codegen/triton/kernel.py` or `ember/codegen/cpp/kernel.py`, `ember/schedule/tiling.py`, `ember/schedule/memory.py` | groups | kernels + Wrapper IR (`ember/codegen/wrapper/lines.py`) |
+| code generation | `ember/codegen/program.py`, `ember/device.py` (`backend_for`), `ember/codegen/triton/backend.py` or `ember/codegen/cpp/backend.py`, `ember/schedule/tiling.py`, `ember/schedule/memory.py` | groups | kernels + Wrapper IR (`ember/codegen/wrapper/lines.py`) |
 | render and load | `ember/codegen/wrapper/python.py`, `ember/runtime/loader.py` | Wrapper IR | `call(args)` with kernels bound |
 
 `ember/compile_graph.py` runs the rows from decompose to load in order and reads as their table of
@@ -332,7 +332,8 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         + describe_groups(inf.groups["inference"])))
     doc.append(section(
         "7. Code generation: kernels and Wrapper IR",
-        "`ember/codegen/program.py` (`ProgramBuilder`), `ember/codegen/backends.py` (`backend_for`), "
+        "`ember/codegen/program.py` (`ProgramBuilder`), `ember/device.py` (`backend_for`), "
+        "`ember/codegen/triton/backend.py` (`TritonBackend`), `ember/schedule/structure.py` (`group_structure`), "
         "`ember/codegen/triton/kernel.py` (`TritonKernel`), `ember/codegen/triton/heuristics.py`, "
         "`ember/schedule/memory.py`, `ember/codegen/wrapper/lines.py`",
         "the fused groups and the `GraphLowering`", "a `WrapperProgram`: Wrapper IR lines, kernel sources included",

@@ -54,12 +54,13 @@ class TritonBackend(KernelBackend):
 
     @property
     def precompiles(self) -> bool:
+        """Record how each kernel will be launched (its WarmSpec), for the compile pool to build ahead."""
         return not self.interpreted
 
     # -- code ---------------------------------------------------------------------------------------------
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
-        if self.precompiles:
+        if not self.interpreted:
             compile_pool.start()        # workers boot while the rest of the graph is generated
         tiling = choose_tiling(group)
         k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
@@ -104,7 +105,7 @@ class TritonBackend(KernelBackend):
             check_interpreter()
         source = _HEADER + _LIBDEVICE[self.interpreted] + "\n\n" + "\n\n".join(k.source for k in kernels)
         mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
-        if self.precompiles:
+        if not self.interpreted:
             compile_pool.precompile(mod, triton_helpers(), kernels)
         return {k.name: Autotuned(self._launchable(getattr(mod, k.name)), k.tuning, k.source) if k.tuning
                 else self._launchable(getattr(mod, k.name)) for k in kernels}
