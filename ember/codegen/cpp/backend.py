@@ -1,7 +1,7 @@
 """The C++/OpenMP kernel backend: fused groups -> C++ functions, with the same contract as the Triton
 backend (see ember/codegen/backends.py).
 
-A group's loop structure is chosen here: 2-D tiles for transposes (indexing.choose_tiles), rows for
+A group's loop structure is chosen here: 2-D tiles for transposes (schedule/tiling.choose_tiling), rows for
 broadcast or permuted reads (indexing.choose_rows), else one flat loop. A pointwise group of
 independent nodes whose best structures differ (attention's q, k^T, v split out of one qkv buffer:
 rows for q and v, tiles for k^T) runs as one loop nest per structure, inside one C function.
@@ -13,14 +13,15 @@ import sympy
 from ..backends import GeneratedKernel, generate_kernel, kernel_call_args
 from ..kernel import ArgRegistry
 from ..wrapper.lines import CallKernel, DefineKernel, Name
-from .indexing import choose_rows, choose_tiles
+from ...schedule.tiling import choose_tiling
+from .indexing import CPP_TILING, choose_rows
 from .kernel import CppKernel
 from .spelling import storage_type
 
 
 def _plan(group) -> tuple:
     """(tiling, rows, awkward): the loop structure for a group and how many accesses stay gathers."""
-    tiling = choose_tiles(group)      # a node without the inner axis is never tiled (recomputed per element)
+    tiling = choose_tiling(group, CPP_TILING)
     rows, awkward = choose_rows(group)
     if tiling is not None and rows is not None and awkward == 0:
         tiling = None            # rows make every access contiguous or per-row: a broadcast, not a transpose
