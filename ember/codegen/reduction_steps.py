@@ -93,8 +93,8 @@ def softmax_stats_shared_max_step(b, m, s, v, block_max):
     """A block of values `v` into a row's state whose lanes share one max `m` and each keep a sum `s`:
     `block_max` is the block's max of v (lanes past the row hold -inf). The sums are rescaled once if the
     max grew (the scale is 1 while it holds, -inf to -inf included) and each adds exp(v - max), so the
-    lanes' sums merge by a plain sum; before any finite value the max is -inf and exp(v) stands in (v is
-    -inf there, so the term is 0 where exp(v - max) would be nan)."""
+    lanes' sums merge by a plain sum. While the max is still -inf every v is -inf too, and its term is
+    exp(v - 0) = 0 where exp(v - max) would be nan."""
     mn = b.let(b.maximum(m, block_max), "mn")
     scale = b.let(b.where(b.eq(m, mn), b.constant(1.0), b.exp(b.sub(m, mn))), "sc")
     shift = b.where(b.eq(mn, b.constant(-INF)), b.constant(0.0), mn)

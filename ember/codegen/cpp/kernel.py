@@ -348,9 +348,6 @@ class CppKernel(CppSpelling, SectionedKernel):
 
     # -- reductions ------------------------------------------------------------------------------------
 
-    def _reduce(self, dtype, src_dtype, rtype, value: KValue):
-        return self._loop_reduction(dtype, rtype, value)
-
     def _lanes(self, acc: str, ctype_: str, init: str) -> list[str]:
         n = XLANES if self.xlanes else self.lanes
         return [f"{ctype_} {acc}[{n}];", f"for (int ember_l = 0; ember_l < {n}; ++ember_l) {acc}[ember_l] = {init};"]
@@ -362,7 +359,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         self.scope[name] = None
         return v
 
-    def _loop_reduction(self, dtype, rtype, value):
+    def _reduce(self, dtype, src_dtype, rtype, value: KValue):
         """Accumulate into lanes in the loop body; combine the lanes after the loop. In x-lanes mode a
         lane is one row, so the lane is the row's result."""
         sec = self.section
