@@ -38,11 +38,8 @@ class KernelBackend:
     adds_matmul_bias_in_epilogue: bool = False
     # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once
     reads_rows_online: bool = False
-    # tiling of pointwise kernels (schedule/tiling.py): the least extent of either tile axis, and whether a
-    # kernel whose accesses are all contiguous along one non-last dim tiles too (channels-last walked in
-    # NCHW order), not only transposes
-    tile_min_extent: int = 16
-    tiles_single_contiguous_dim: bool = True
+    # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
+    tiling = None
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
         """(most, aim) for a reduction of few long rows (lowering/reductions.py): one of at most `most`

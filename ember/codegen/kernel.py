@@ -1,5 +1,6 @@
 """What every kernel backend shares: the value type its handler returns, common-subexpression
-elimination, kernel arguments, and printing sympy index expressions as code."""
+elimination, kernel arguments, printing sympy index expressions as code, and how a spelled op becomes a
+value (its dtype and cost from the op table, ember/ir/op_table.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,7 @@ import sympy
 import torch
 from sympy.printing.str import StrPrinter
 
+from ..ir.op_table import MATH_OPS, one_element_reduction
 from ..ir.ops import handler
 from ..ir.symbolic import FloorDiv, ModularIndexing
 from ..schedule.nodes import kernel_index_vars
@@ -32,6 +34,26 @@ _KIND_ORDER = {"const": 0, "scalar": 1, "x": 2, "xr": 3}
 def widest_kind(*values) -> str:
     kinds = [v.kind for v in values if isinstance(v, KValue)]
     return max(kinds, key=_KIND_ORDER.__getitem__) if kinds else "const"
+
+
+def op_dtype(name: str, *vals: KValue) -> torch.dtype:
+    """The op table's result dtype of IR op `name` over kernel values (a literal acts like a Python scalar)."""
+    return MATH_OPS[name].result_dtype([v.dtype for v in vals], [v.kind == "const" for v in vals])
+
+
+class OpSpelling:
+    """Base of the backends' spelling mixins: `_op(name, expr, *operands)` turns the spelling `expr` of IR op
+    `name` into a value whose dtype and cost the op table decides. The kernel provides
+    `_value(expr, dtype, kind, operands, costly)`, which names it."""
+
+    def _op(self, name: str, expr: str, *vals: KValue, dtype=None) -> KValue:
+        """`dtype` overrides the table's, for ops outside it (rand ...) and spellings that already computed it."""
+        if dtype is None:
+            dtype = op_dtype(name, *vals)
+        op = MATH_OPS.get(name)
+        kind = widest_kind(*vals)
+        return self._value(expr, dtype, "scalar" if kind == "const" else kind, vals,
+                           op is not None and op.is_costly(dtype))
 
 
 class IndexPrinter(StrPrinter):
@@ -178,6 +200,19 @@ class SectionedKernel:
 
     def store(self, name, index, value, mode=None):
         return self._store(name, index, value, "body", mode)
+
+    def reduction(self, dtype, src_dtype, rtype, value: KValue):
+        """A kernel without an r axis reduces rows of one element; otherwise the backend's `_reduce`."""
+        key = f"reduction:{rtype}:{value.name}:{dtype}"
+        hit = self.section.cache.get(key) or self.global_cache.get(key)
+        if hit is not None:
+            return hit
+        if self.has_rdim:
+            out = self._reduce(dtype, src_dtype, rtype, value)
+        else:
+            out = one_element_reduction(self, rtype, value, dtype)
+        self.global_cache[key] = out
+        return out
 
     def _cached(self, expr: str):
         """The value already named for `expr` where the current section can see it, else None."""

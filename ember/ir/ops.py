@@ -22,6 +22,9 @@ Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple
 Scan:       scan(dtype, combine, value) -> value combined with every earlier step along the kernel's
             r axis (a scan's steps), combine one of SCAN_COMBINES; dtype is the result's
 Math:       the names in UNARY, BINARY below.
+
+What each op means beyond its arguments -- a math op's result dtype and cost, a reduction's identity and
+combine, a scan's identity -- is ember/ir/op_table.py's (MATH_OPS, REDUCTIONS, SCANS).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The C++/OpenMP kernel backend: fused groups -> C++ functions, compiled into one shared library per
 graph (build.py). Its policies are attributes of CppBackend (see ember/device.py for what each means).
 
-A group's loop structure is chosen here: 2-D tiles for transposes (indexing.choose_tiles), rows for
+A group's loop structure is chosen here: 2-D tiles for transposes (schedule/tiling.choose_tiling), rows for
 broadcast or permuted reads (indexing.choose_rows), else one flat loop. A pointwise group of
 independent nodes whose best structures differ (attention's q, k^T, v split out of one qkv buffer:
 rows for q and v, tiles for k^T) runs as one loop nest per structure, inside one C function.
@@ -14,16 +14,17 @@ import torch
 from ...device import KernelBackend
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..kernel import ArgRegistry
+from ...schedule.tiling import choose_tiling
 from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
 from .build import load_cpp_kernels
-from .indexing import choose_rows, choose_tiles
+from .indexing import CPP_TILING, choose_rows
 from .kernel import CppKernel
 from .spelling import storage_type
 
 
 def _plan(group) -> tuple:
     """(tiling, rows, awkward): the loop structure for a group and how many accesses stay gathers."""
-    tiling = choose_tiles(group)      # a node without the inner axis is never tiled (recomputed per element)
+    tiling = choose_tiling(group, CppBackend.tiling)
     rows, awkward = choose_rows(group)
     if tiling is not None and rows is not None and awkward == 0:
         tiling = None            # rows make every access contiguous or per-row: a broadcast, not a transpose
@@ -58,7 +59,7 @@ class CppBackend(KernelBackend):
     # softmax keeps exp(x - max) in a row buffer from the sum's pass for the division, and a row stays in
     # cache between its passes: an online sum would compute exp twice
     reads_rows_online = False
-    tiles_single_contiguous_dim = False      # transposes only (indexing.choose_tiles)
+    tiling = CPP_TILING                      # transposes only
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
         # an OpenMP thread per row (per 64 columns): only rows fewer than the threads are split. Strided

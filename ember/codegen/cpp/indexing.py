@@ -1,5 +1,6 @@
 """Index arithmetic for the C++ kernels: printing sympy indices as C++, simplifying them with the
-kernel's loop bounds, and choosing the 2-D loop ("rows") a pointwise kernel runs as.
+kernel's loop bounds, choosing the 2-D loop ("rows") a pointwise kernel runs as, and the C++ backend's
+tiling policy.
 
 A pointwise kernel over a flat `xindex` reads a broadcast or permuted input through `xindex % n` and
 `xindex / n`: inside a SIMD loop every such load is a gather. Split the flat index into rows and
@@ -12,11 +13,16 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, hint, product, simplify_index
+from ...ir.symbolic import FloorDiv, ModularIndexing, hint, simplify_index
 from ...schedule.nodes import RINDEX, XINDEX, canonical
+from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
 
 MIN_ROW = 16      # shorter rows than this run as one flat loop: a row of SIMD work would be mostly remainder
+# 2-D tiles (schedule/tiling.choose_tiling) for transposes only: accesses contiguous along two different
+# dims. A single non-last contiguous dim (channels-last walked in NCHW order) runs as rows instead
+# (choose_rows), and a node without the inner axis would be recomputed for every element of its tile row.
+CPP_TILING = TilingPolicy(min_extent=MIN_ROW, one_contiguous_dim=False, every_node_inner=True)
 
 
 class CppIndexPrinter(IndexPrinter):
@@ -122,40 +128,3 @@ def choose_rows(group) -> tuple[Optional[sympy.Expr], int]:
     if best is not None and best[0][0] < flat:
         return best[1], best[0][0]
     return None, flat
-
-
-# -- transposes ----------------------------------------------------------------------------------------------
-
-def _unit_stride_dim(expr, ivars) -> Optional[int]:
-    for k, v in enumerate(ivars):
-        try:
-            if sympy.diff(expr, v) == 1:
-                return k
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-def choose_tiles(group) -> Optional[tuple]:
-    """(X, R) to run a pointwise group as 2-D tiles (a transpose: accesses contiguous along two different
-    dims), as schedule/tiling.choose_tiling decides, but on indices simplified with each node's loop
-    bounds first: a view of a view leaves `(128*i1 + i2) // 128 % 64` where it means i1, which hides
-    the contiguous dim."""
-    if group.is_reduction() or not group.is_kernel():
-        return None
-    for n in group.nodes:
-        if len(n.ranges) < 2 or n.has_indirect:
-            continue
-        bounds = tuple(zip(n.ivars, n.ranges))
-        dims = {_unit_stride_dim(simplify_index(sympy.sympify(d.index), bounds), n.ivars)
-                for d in n.read_deps + n.write_deps}
-        dims.discard(None)
-        if len(dims) < 2 or max(dims) == 0:
-            continue
-        split = max(dims)
-        X, R = product(n.ranges[:split]), product(n.ranges[split:])
-        if hint(X) < MIN_ROW or hint(R) < MIN_ROW:
-            return None
-        if all((m.split((X, R)) or (None, None))[1] for m in group.nodes):
-            return (X, R)
-    return None

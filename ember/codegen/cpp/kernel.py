@@ -37,11 +37,13 @@ from typing import Optional
 import sympy
 import torch
 
+from ...ir.op_table import REDUCTIONS, SCANS, compute_dtype
 from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
+from ..reduction_steps import softmax_stats_finish, softmax_stats_lane_step, welford_reciprocal, welford_update
 from .indexing import MIN_ROW, cpp_index, split_rows
-from .spelling import CppSpelling, c_literal, compute_dtype, ctype, load_expr, storage_type, store_expr
+from .spelling import CppExprs, CppSpelling, c_literal, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
 XCHUNK = 1024               # elements of a pointwise kernel per SIMD loop (and per scheduling unit)
@@ -54,13 +56,13 @@ LONG_ROW = 1024
 
 _VALUE_NAME = re.compile(r"\btmp\d+\b")
 _VID = re.compile(r"\bv(\d+)\b")
-# calls worth a store and a load to avoid computing twice
-_COSTLY = re.compile(r"std::(exp|exp2|expm1|log|log2|log10|log1p|sin|cos|tan|asin|acos|atan|sinh|cosh|tanh|asinh|"
-                     r"acosh|atanh|erf|erfc|pow|atan2|hypot|lgamma|fmod)\(|ember::(exp_|erf_|erfinv)")
 
-
-_SCAN_IDENTITY = {"add": 0, "mul": 1, "logaddexp": float("-inf")}
 _SCAN_STEP = {"add": "{0} + {1}", "mul": "{0} * {1}", "logaddexp": "ember::logaddexp({0}, {1})"}
+
+
+def _block(statements: list[str]) -> str:
+    """Statements as one line of their own scope."""
+    return "{ " + " ".join(statements) + " }"
 
 
 def _tree(step: str, acc: str, lanes: int) -> list[str]:
@@ -119,7 +121,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         # over operand ids (names differ between sections).
         self._vid: dict[str, int] = {}                # value name -> structural id
         self._ids: dict[str, int] = {}                # expression over operand ids -> id
-        self._costly: set[int] = set()                # ids whose computation calls a libm-like function
+        self._costly: set[int] = set()                # ids of transcendental values (op table) and values of them
         self._loop_values: dict[int, tuple] = {}      # id -> (value, section) of its first row-loop value
         self.row_bufs: dict[int, tuple] = {}          # id -> (row buffer name, C++ type)
 
@@ -174,12 +176,16 @@ class CppKernel(CppSpelling, SectionedKernel):
     def single_section(self) -> bool:
         return not self.has_rdim or self.tiled or self.rows is not None
 
-    def cse(self, expr: str, dtype, kind: str, where: str = "body") -> KValue:
+    def _value(self, expr: str, dtype, kind: str, operands, costly: bool) -> KValue:
+        return self.cse(expr, dtype, kind, costly=costly)
+
+    def cse(self, expr: str, dtype, kind: str, where: str = "body", costly: bool = False) -> KValue:
+        """Name `expr` once; `costly`: the op table calls the op computing it transcendental."""
         sec = self.section
         hit = self._cached(expr)
         if hit is not None:
             return hit
-        vid = self._structural_id(expr)
+        vid = self._structural_id(expr, costly)
         global_ = sec.kind == "flat" or where != "body"
         in_row_loop = sec.kind == "loop" and where == "body" and kind == "xr" and not self.xlanes
         if in_row_loop and vid in self._costly and dtype.is_floating_point and vid in self._loop_values:
@@ -205,10 +211,11 @@ class CppKernel(CppSpelling, SectionedKernel):
             self._loop_values.setdefault(vid, (v, sec))
         return v
 
-    def _structural_id(self, expr: str) -> int:
+    def _structural_id(self, expr: str, costly: bool) -> int:
+        """The id of `expr` over its operands' ids; costly if it is, or if any operand is."""
         key = _VALUE_NAME.sub(lambda m: f"v{self._vid[m.group(0)]}" if m.group(0) in self._vid else m.group(0), expr)
         vid = self._ids.setdefault(key, len(self._ids))
-        if _COSTLY.search(expr) or any(int(i) in self._costly for i in _VID.findall(key)):
+        if costly or any(int(i) in self._costly for i in _VID.findall(key)):
             self._costly.add(vid)
         return vid
 
@@ -341,44 +348,6 @@ class CppKernel(CppSpelling, SectionedKernel):
 
     # -- reductions ------------------------------------------------------------------------------------
 
-    def reduction(self, dtype, src_dtype, rtype, value: KValue):
-        key = f"reduction:{rtype}:{value.name}:{dtype}"
-        hit = self.section.cache.get(key) or self.global_cache.get(key)
-        if hit is not None:
-            return hit
-        if self.section.kind == "loop":
-            out = self._loop_reduction(dtype, rtype, value)
-        else:
-            out = self._single_reduction(dtype, rtype, value)
-        self.global_cache[key] = out
-        return out
-
-    def _single_reduction(self, dtype, rtype, value):
-        """A row of one element (a kernel without rindex): the reduction is that element."""
-        if rtype in ("any", "all"):
-            return self.to_dtype(value, torch.bool)
-        if rtype in ("argmax", "argmin"):
-            return self.constant(0, torch.int64)
-        if rtype == "welford":
-            return (self.to_dtype(value, dtype), self.constant(0, dtype), self.constant(1, dtype))
-        if rtype == "online_softmax":
-            v = self.to_dtype(value, dtype)
-            return (v, self.cse(f"std::exp({v} - {v})", dtype, v.kind))
-        return self.to_dtype(value, dtype)
-
-    def _identity(self, rtype, dtype) -> str:
-        if rtype in ("sum", "any"):
-            return c_literal(0, dtype)
-        if rtype in ("prod", "all"):
-            return c_literal(1, dtype)
-        big = rtype in ("min", "argmin")
-        if dtype.is_floating_point:
-            return c_literal(float("inf") if big else float("-inf"), dtype)
-        info = torch.iinfo(dtype) if dtype != torch.bool else None
-        if info is None:
-            return c_literal(1 if big else 0, dtype)
-        return c_literal(info.max if big else info.min, dtype)
-
     def _lanes(self, acc: str, ctype_: str, init: str) -> list[str]:
         n = XLANES if self.xlanes else self.lanes
         return [f"{ctype_} {acc}[{n}];", f"for (int ember_l = 0; ember_l < {n}; ++ember_l) {acc}[ember_l] = {init};"]
@@ -390,37 +359,24 @@ class CppKernel(CppSpelling, SectionedKernel):
         self.scope[name] = None
         return v
 
-    def _loop_reduction(self, dtype, rtype, value):
+    def _reduce(self, dtype, src_dtype, rtype, value: KValue):
         """Accumulate into lanes in the loop body; combine the lanes after the loop. In x-lanes mode a
         lane is one row, so the lane is the row's result."""
         sec = self.section
         acc = f"acc{next(self.counter)}"
         ln = "xl" if self.xlanes else "rl"
         lane = f"{acc}[{ln}]"
-        src = value.dtype
         if rtype == "welford":
-            t = ctype(dtype)
-            for part in ("m", "m2", "w"):
-                sec.pre += self._lanes(f"{acc}_{part}", t, f"static_cast<{t}>(0)")
-            # every lane active in a chunk has seen the same number of values, so the division by the
-            # count is one reciprocal per chunk, not a vector division per element
-            seen = f"r0 / {self.lanes}" if not self.xlanes else "rindex"
-            sec.chunk.append(f"const {t} {acc}_inv = static_cast<{t}>(1) / static_cast<{t}>({seen} + 1);")
-            sec.body.append(f"{{ const {t} v_ = static_cast<{t}>({value}); const {t} d_ = v_ - {acc}_m[{ln}]; "
-                            f"{acc}_w[{ln}] += 1; {acc}_m[{ln}] += d_ * {acc}_inv; "
-                            f"{acc}_m2[{ln}] += d_ * (v_ - {acc}_m[{ln}]); }}")
-            if self.xlanes:
-                return tuple(self._result(f"{acc}_{p}[xl]", dtype, []) for p in ("m", "m2", "w"))
-            sec.post += [f"{t} {acc}_rm, {acc}_rm2, {acc}_rw;",
-                         f"ember::welford_lanes<{self.lanes}, {t}>({acc}_m, {acc}_m2, {acc}_w, "
-                         f"{acc}_rm, {acc}_rm2, {acc}_rw);"]
-            return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
+            return self._loop_welford(acc, ln, value, dtype)
         if rtype == "online_softmax":
             return self._loop_softmax_stats(acc, ln, value, dtype)
+        red = REDUCTIONS[rtype]
+        src = value.dtype
         if rtype in ("argmax", "argmin"):
             t = ctype(src)
             better = ">" if rtype == "argmax" else "<"
-            sec.pre += self._lanes(acc, t, self._identity(rtype, src)) + self._lanes(f"{acc}_i", "int64_t", "0")
+            ident, index = red.identity(src)
+            sec.pre += self._lanes(acc, t, c_literal(ident, src)) + self._lanes(f"{acc}_i", "int64_t", str(index))
             # strict comparison: a later equal value never replaces the first; the first NaN stays
             nan = f" || (v_ != v_ && {lane} == {lane})" if src.is_floating_point else ""
             sec.body.append(f"{{ const {t} v_ = {value}; const bool take_ = (v_ {better} {lane}){nan}; "
@@ -432,45 +388,58 @@ class CppKernel(CppSpelling, SectionedKernel):
                 f"if (ember::arg_better<{mx}, {t}>({{0}}[{{hi}}], {{0}}_i[{{hi}}], {{0}}[{{lo}}], {{0}}_i[{{lo}}])) "
                 "{{ {0}[{lo}] = {0}[{hi}]; {0}_i[{lo}] = {0}_i[{hi}]; }}", acc, self.lanes)
                 + [f"int64_t {acc}_ri = {acc}_i[0];"])
-        rdt = torch.bool if rtype in ("any", "all") else (dtype if rtype in ("sum", "prod") else src)
+        rdt = red.accumulator_dtype(dtype, src)
         t = ctype(rdt)
-        sec.pre += self._lanes(acc, t, self._identity(rtype, rdt))
-        v = f"static_cast<{t}>({value})" if rtype not in ("any", "all") else f"({value} != 0)"
-        fp = rdt.is_floating_point
-        combine = {
-            "sum": lambda a, b: f"{a} + {b}",
-            "prod": lambda a, b: f"{a} * {b}",
-            "any": lambda a, b: f"{a} || {b}",
-            "all": lambda a, b: f"{a} && {b}",
-            "max": lambda a, b: f"ember::max_nan({a}, {b})" if fp else f"({a} > {b} ? {a} : {b})",
-            "min": lambda a, b: f"ember::min_nan({a}, {b})" if fp else f"({a} < {b} ? {a} : {b})",
-        }[rtype]
+        sec.pre += self._lanes(acc, t, c_literal(red.identity(rdt), rdt))
+        v = f"static_cast<{t}>({value})" if rdt != torch.bool else f"({value} != 0)"
+        combine = getattr(CppExprs(rdt), red.combine)
         sec.body.append(f"{lane} = {combine(lane, v)};")
         if self.xlanes:
             r = self._result(f"{acc}[xl]", rdt, [])
         else:
             r = self._result(f"{acc}_r", rdt, [f"{t} {acc}_r = ember::reduce_lanes<{self.lanes}, {t}>({acc}, "
                                                f"[](auto a_, auto b_) {{ return {combine('a_', 'b_')}; }});"])
-        if rdt == dtype or rtype in ("any", "all"):
+        if rdt == red.result_dtype(dtype):
             return r
         return self.cse(f"static_cast<{ctype(dtype)}>({r})", dtype, "x", where="post")
 
-    def _loop_softmax_stats(self, acc, ln, value, dtype):
-        """(max, sum of exp(v - max)) in one pass: a running max per lane and a sum rescaled when it grows,
-        one exp per element (exp(-|v - max|) is the new term or the old sum's scale). A -inf element adds
-        nothing, +inf and nan make the sum nan (and nan the max): eager's max-then-sum values."""
+    def _loop_welford(self, acc, ln, value, dtype):
+        """reduction_steps.welford_update in each lane; every lane active in a chunk has seen the same
+        number of values, so the step's reciprocal is computed once per chunk, not a vector division per
+        element. The lanes merge after the loop (ember::welford_lanes)."""
         sec, t = self.section, ctype(dtype)
-        inf = f"std::numeric_limits<{t}>::infinity()"
-        sec.pre += self._lanes(f"{acc}_m", t, f"-{inf}") + self._lanes(f"{acc}_s", t, f"static_cast<{t}>(0)")
-        m, s_ = f"{acc}_m[{ln}]", f"{acc}_s[{ln}]"
-        sec.body.append(f"{{ const {t} v_ = static_cast<{t}>({value}); const bool gt_ = v_ > {m} || v_ != v_; "
-                        f"const {t} e_ = std::exp(-std::abs(v_ - {m})); "
-                        f"const {t} sn_ = gt_ ? {s_} * e_ + (v_ - v_ + static_cast<{t}>(1)) : {s_} + e_; "
-                        f"{s_} = v_ == -{inf} ? {s_} : sn_; {m} = gt_ ? v_ : {m}; }}")
+        state = [f"{acc}_m", f"{acc}_m2", f"{acc}_w"]
+        for n, ident in zip(state, REDUCTIONS["welford"].identity(dtype)):
+            sec.pre += self._lanes(n, t, c_literal(ident, dtype))
+        seen = f"r0 / {self.lanes}" if not self.xlanes else "rindex"
+        chunk = CppExprs(dtype, acc)
+        inv = welford_reciprocal(chunk, f"static_cast<{t}>({seen})")
+        sec.chunk += chunk.lines
+        b = CppExprs(dtype, acc)
+        v = b.let(f"static_cast<{t}>({value})", "v")
+        new = welford_update(b, *(f"{n}[{ln}]" for n in state), v, inv)
+        sec.body.append(_block(b.lines + [f"{n}[{ln}] = {e};" for n, e in zip(state, new)]))
         if self.xlanes:
-            nan = f"std::numeric_limits<{t}>::quiet_NaN()"
-            return (self._result(f"{acc}_m[xl]", dtype, []),
-                    self._result(f"({acc}_m[xl] == -{inf} ? {nan} : {acc}_s[xl])", dtype, []))
+            return tuple(self._result(f"{n}[xl]", dtype, []) for n in state)
+        sec.post += [f"{t} {acc}_rm, {acc}_rm2, {acc}_rw;",
+                     f"ember::welford_lanes<{self.lanes}, {t}>({acc}_m, {acc}_m2, {acc}_w, "
+                     f"{acc}_rm, {acc}_rm2, {acc}_rw);"]
+        return tuple(self._result(f"{acc}_r{p}", dtype, []) for p in ("m", "m2", "w"))
+
+    def _loop_softmax_stats(self, acc, ln, value, dtype):
+        """(max, sum of exp(v - max)) in one pass, the per-lane strategy
+        (reduction_steps.softmax_stats_lane_step): a running max per lane and a sum rescaled when it grows,
+        one exp per element. The lanes merge after the loop (ember::softmax_stats_lanes)."""
+        sec, t = self.section, ctype(dtype)
+        m0, s0 = REDUCTIONS["online_softmax"].identity(dtype)
+        sec.pre += self._lanes(f"{acc}_m", t, c_literal(m0, dtype)) + self._lanes(f"{acc}_s", t, c_literal(s0, dtype))
+        m, s_ = f"{acc}_m[{ln}]", f"{acc}_s[{ln}]"
+        b = CppExprs(dtype, acc)
+        v = b.let(f"static_cast<{t}>({value})", "v")
+        m_n, s_n = softmax_stats_lane_step(b, m, s_, v)
+        sec.body.append(_block(b.lines + [f"{s_} = {s_n};", f"{m} = {m_n};"]))
+        if self.xlanes:
+            return tuple(self._result(e, dtype, []) for e in softmax_stats_finish(b, f"{acc}_m[xl]", f"{acc}_s[xl]"))
         sec.post += [f"{t} {acc}_rm, {acc}_rs;",
                      f"ember::softmax_stats_lanes<{self.lanes}, {t}>({acc}_m, {acc}_s, {acc}_rm, {acc}_rs);"]
         return self._result(f"{acc}_rm", dtype, []), self._result(f"{acc}_rs", dtype, [])
@@ -485,7 +454,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         sec = self.section
         t = ctype(value.dtype)
         acc = f"acc{next(self.counter)}"
-        ident = c_literal(_SCAN_IDENTITY[combine], value.dtype)
+        ident = c_literal(SCANS[combine].identity(value.dtype), value.dtype)
         if self.xlanes:
             sec.pre += self._lanes(acc, t, ident)
             acc += "[xl]"

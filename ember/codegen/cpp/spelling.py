@@ -1,4 +1,6 @@
-"""C++ spellings of the math ops, as a mixin of the C++ kernel handler.
+"""C++ spellings of the math ops, as a mixin of the C++ kernel handler, and the expression builder the
+reduction steps (codegen/reduction_steps.py) are rendered with. An op's result dtype and cost are the op
+table's (ember/ir/op_table.py).
 
 Every value is a typed local (`float tmp3 = ...;`), so C++'s integer promotions are narrowed back to
 the torch dtype at each step and int8 arithmetic wraps as it does in eager. Values of float16/bfloat16
@@ -10,7 +12,9 @@ import struct
 
 import torch
 
-from ..kernel import KValue, widest_kind
+from ...ir.op_table import MATH_OPS, compute_dtype
+from ..kernel import KValue, OpSpelling, op_dtype
+from ..reduction_steps import ExprBuilder
 
 _CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "float", torch.bfloat16: "float",
@@ -18,10 +22,6 @@ _CTYPES = {
     torch.uint8: "uint8_t", torch.bool: "bool",
 }
 _STORAGE = {**_CTYPES, torch.float16: "uint16_t", torch.bfloat16: "uint16_t"}
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def ctype(dtype: torch.dtype) -> str:
@@ -107,171 +107,183 @@ _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="
 _FLOAT_BINARY = {"pow": "std::pow", "atan2": "std::atan2", "hypot": "std::hypot", "copysign": "std::copysign"}
 
 
-def _category(dtype) -> int:
-    if dtype == torch.bool:
-        return 0
-    return 2 if dtype.is_floating_point else 1
-
-
 def _is_int(dtype) -> bool:
     return not dtype.is_floating_point and dtype != torch.bool
 
 
-def result_dtype(a: KValue, b: KValue) -> torch.dtype:
-    """Dtype of a binary op's result: a constant operand acts like a Python scalar (it does not widen
-    a tensor value of its category), two tensor values promote as torch does."""
-    if a.dtype == b.dtype:
-        return a.dtype
-    if (a.kind == "const") != (b.kind == "const"):
-        c, t = (a, b) if a.kind == "const" else (b, a)
-        if _category(c.dtype) <= _category(t.dtype):
-            return t.dtype
-    return torch.promote_types(a.dtype, b.dtype)
-
-
-class CppSpelling:
-    """Mixin: needs `self.cse(expr, dtype, kind)`."""
-
-    def _op(self, expr: str, dtype, *vals) -> KValue:
-        kind = widest_kind(*vals)
-        return self.cse(expr, dtype, "scalar" if kind == "const" else kind)
+class CppSpelling(OpSpelling):
+    """Mixin: needs `self._value(expr, dtype, kind, operands, costly)` (codegen.kernel.OpSpelling)."""
 
     def constant(self, value, dtype) -> KValue:
         # a narrow-float constant stays a float: eager applies Python scalars in float32 math too
-        cdt = torch.bool if dtype == torch.bool else compute_dtype(dtype)
+        cdt = MATH_OPS["constant"].result_dtype((), target=dtype)
         return KValue(c_literal(value, cdt), cdt, "const")
 
     def to_dtype(self, x: KValue, dtype, src_dtype=None) -> KValue:
-        if dtype == torch.bool:
-            return x if x.dtype == torch.bool else self._op(f"({x} != 0)", torch.bool, x)
-        cdt = compute_dtype(dtype)
+        cdt = MATH_OPS["to_dtype"].result_dtype((x.dtype,), target=dtype)
+        if cdt == torch.bool:
+            return x if x.dtype == torch.bool else self._op("to_dtype", f"({x} != 0)", x, dtype=cdt)
         if dtype == torch.bfloat16:
-            return self._op(f"ember::round_bf16(static_cast<float>({x}))", cdt, x)
+            return self._op("to_dtype", f"ember::round_bf16(static_cast<float>({x}))", x, dtype=cdt)
         if dtype == torch.float16:
-            return self._op(f"ember::round_half(static_cast<float>({x}))", cdt, x)
+            return self._op("to_dtype", f"ember::round_half(static_cast<float>({x}))", x, dtype=cdt)
         if x.dtype == cdt:
             return x
-        return self._op(f"static_cast<{ctype(cdt)}>({x})", cdt, x)
+        return self._op("to_dtype", f"static_cast<{ctype(cdt)}>({x})", x, dtype=cdt)
 
     def where(self, cond, a, b) -> KValue:
-        dtype = result_dtype(a, b)
-        t = ctype(dtype)
-        return self._op(f"({cond} ? static_cast<{t}>({a}) : static_cast<{t}>({b}))", dtype, cond, a, b)
+        t = ctype(op_dtype("where", cond, a, b))
+        return self._op("where", f"({cond} ? static_cast<{t}>({a}) : static_cast<{t}>({b}))", cond, a, b)
 
     def __getattr__(self, name):
         if name in _UNARY:
             fmt = _UNARY[name]
-            return lambda x: self._op(fmt.format(x, t=ctype(x.dtype)), x.dtype, x)
+            return lambda x: self._op(name, fmt.format(x, t=ctype(op_dtype(name, x))), x)
         if name in _INFIX:
             sym = _INFIX[name]
-            return lambda a, b: self._op(f"({a} {sym} {b})", result_dtype(a, b), a, b)
+            return lambda a, b: self._op(name, f"({a} {sym} {b})", a, b)
         if name in _COMPARE:
             sym = _COMPARE[name]
-            return lambda a, b: self._op(f"({a} {sym} {b})", torch.bool, a, b)
+            return lambda a, b: self._op(name, f"({a} {sym} {b})", a, b)
         if name in _FLOAT_BINARY:
-            fn = _FLOAT_BINARY[name]
-            return lambda a, b: self._float_binary(fn, a, b)
+            return lambda a, b: self._call(name, _FLOAT_BINARY[name], a, b)
         raise AttributeError(name)
 
     def rand(self, seed, offset):
-        return self._op(f"ember::philox_rand({seed}, {offset})", torch.float32, seed, offset)
+        return self._op("rand", f"ember::philox_rand({seed}, {offset})", seed, offset, dtype=torch.float32)
 
     def randn(self, seed, offset):
-        return self._op(f"ember::philox_randn({seed}, {offset})", torch.float32, seed, offset)
+        return self._op("randn", f"ember::philox_randn({seed}, {offset})", seed, offset, dtype=torch.float32)
 
     def randint64(self, seed, offset, low, high):
-        return self._op(f"ember::philox_randint64({seed}, {offset}, {low}, {high})", torch.int64,
-                        seed, offset, low, high)
+        return self._op("randint64", f"ember::philox_randint64({seed}, {offset}, {low}, {high})",
+                        seed, offset, low, high, dtype=torch.int64)
 
-    def _typed(self, fn: str, a, b):
-        dt = result_dtype(a, b)
-        t = ctype(dt)
-        return self._op(f"{fn}<{t}>(static_cast<{t}>({a}), static_cast<{t}>({b}))", dt, a, b)
-
-    def _float_binary(self, fn, a, b):
-        dt = result_dtype(a, b)
-        if not dt.is_floating_point:
-            dt = torch.float32
-        t = ctype(dt)
-        return self._op(f"{fn}(static_cast<{t}>({a}), static_cast<{t}>({b}))", dt, a, b)
+    def _call(self, name, fn: str, a, b, template=False):
+        """`fn(a, b)` with both operands as the result's type (`fn<T>(...)` with `template`)."""
+        t = ctype(op_dtype(name, a, b))
+        return self._op(name, f"{fn}{f'<{t}>' if template else ''}(static_cast<{t}>({a}), static_cast<{t}>({b}))", a, b)
 
     def abs(self, x):
         if x.dtype == torch.bool:
             return x
-        return self._op(f"static_cast<{ctype(x.dtype)}>(std::abs({x}))", x.dtype, x)
+        return self._op("abs", f"static_cast<{ctype(x.dtype)}>(std::abs({x}))", x)
 
     def truediv(self, a, b):
-        dt = result_dtype(a, b)
-        if not dt.is_floating_point:
-            dt = torch.float32
-        t = ctype(dt)
-        return self._op(f"(static_cast<{t}>({a}) / static_cast<{t}>({b}))", dt, a, b)
+        t = ctype(op_dtype("truediv", a, b))
+        return self._op("truediv", f"(static_cast<{t}>({a}) / static_cast<{t}>({b}))", a, b)
 
     def maximum(self, a, b):
-        if result_dtype(a, b).is_floating_point:
-            return self._typed("ember::max_nan", a, b)
-        dt = result_dtype(a, b)
-        return self._op(f"({a} > {b} ? static_cast<{ctype(dt)}>({a}) : static_cast<{ctype(dt)}>({b}))", dt, a, b)
+        return self._select("maximum", ">", "ember::max_nan", a, b)
 
     def minimum(self, a, b):
-        if result_dtype(a, b).is_floating_point:
-            return self._typed("ember::min_nan", a, b)
-        dt = result_dtype(a, b)
-        return self._op(f"({a} < {b} ? static_cast<{ctype(dt)}>({a}) : static_cast<{ctype(dt)}>({b}))", dt, a, b)
+        return self._select("minimum", "<", "ember::min_nan", a, b)
+
+    def _select(self, name, better: str, nan_fn: str, a, b):
+        dt = op_dtype(name, a, b)
+        if dt.is_floating_point:
+            return self._call(name, nan_fn, a, b, template=True)
+        t = ctype(dt)
+        return self._op(name, f"({a} {better} {b} ? static_cast<{t}>({a}) : static_cast<{t}>({b}))", a, b)
 
     def floordiv(self, a, b):
-        return self._typed("ember::floordiv_int" if _is_int(result_dtype(a, b)) else "ember::floordiv_float", a, b)
+        fn = "ember::floordiv_int" if _is_int(op_dtype("floordiv", a, b)) else "ember::floordiv_float"
+        return self._call("floordiv", fn, a, b, template=True)
 
     def remainder(self, a, b):
-        return self._typed("ember::remainder_int" if _is_int(result_dtype(a, b)) else "ember::remainder_float", a, b)
+        fn = "ember::remainder_int" if _is_int(op_dtype("remainder", a, b)) else "ember::remainder_float"
+        return self._call("remainder", fn, a, b, template=True)
 
     def fmod(self, a, b):
-        if _is_int(result_dtype(a, b)):
-            return self._typed("ember::fmod_int", a, b)
-        return self._float_binary("std::fmod", a, b)
+        if _is_int(op_dtype("fmod", a, b)):
+            return self._call("fmod", "ember::fmod_int", a, b, template=True)
+        return self._call("fmod", "std::fmod", a, b)
 
     def bitwise_left_shift(self, a, b):
-        return self._typed("ember::shl", a, b)
+        return self._call("bitwise_left_shift", "ember::shl", a, b, template=True)
 
     def bitwise_right_shift(self, a, b):
-        return self._typed("ember::shr", a, b)
+        return self._call("bitwise_right_shift", "ember::shr", a, b, template=True)
 
     def sign(self, x):
         if x.dtype == torch.bool:
             return x
-        t = ctype(x.dtype)
         # NaN compares false both ways: sign(NaN) is 0, as in eager
-        return self._op(f"static_cast<{t}>(({x} > 0) - ({x} < 0))", x.dtype, x)
+        return self._op("sign", f"static_cast<{ctype(x.dtype)}>(({x} > 0) - ({x} < 0))", x)
 
     def signbit(self, x):
         if not x.dtype.is_floating_point:
-            return self._op(f"({x} < 0)", torch.bool, x)
-        return self._op(f"std::signbit({x})", torch.bool, x)
+            return self._op("signbit", f"({x} < 0)", x)
+        # not std::signbit: on a float bit-cast from a half (ember::half_to_float) in a SIMD loop, GCC 12
+        # stops with an internal compiler error; copysign moves the sign bit, a NaN's included
+        return self._op("signbit", f"(std::copysign(static_cast<{ctype(x.dtype)}>(1), {x}) < 0)", x)
 
     def isnan(self, x):
-        return self._op(f"({x} != {x})", torch.bool, x)
+        return self._op("isnan", f"({x} != {x})", x)
 
     def isinf(self, x):
         if not x.dtype.is_floating_point:
             return self.constant(False, torch.bool)
-        return self._op(f"std::isinf({x})", torch.bool, x)
+        return self._op("isinf", f"std::isinf({x})", x)
 
     def logical_not(self, x):
-        return self._op(f"({x} == 0)", torch.bool, x)
+        return self._op("logical_not", f"({x} == 0)", x)
 
     def bitwise_not(self, x):
         if x.dtype == torch.bool:
             return self.logical_not(x)
-        return self._op(f"static_cast<{ctype(x.dtype)}>(~{x})", x.dtype, x)
+        return self._op("bitwise_not", f"static_cast<{ctype(x.dtype)}>(~{x})", x)
 
-    def _logical(self, sym, a, b):
-        return self._op(f"(({a} != 0) {sym} ({b} != 0))", torch.bool, a, b)
+    def _logical(self, name, sym, a, b):
+        return self._op(name, f"(({a} != 0) {sym} ({b} != 0))", a, b)
 
     def logical_and(self, a, b):
-        return self._logical("&&", a, b)
+        return self._logical("logical_and", "&&", a, b)
 
     def logical_or(self, a, b):
-        return self._logical("||", a, b)
+        return self._logical("logical_or", "||", a, b)
 
     def logical_xor(self, a, b):
-        return self._logical("!=", a, b)
+        return self._logical("logical_xor", "!=", a, b)
+
+
+class CppExprs(ExprBuilder):
+    """The expression builder of codegen/reduction_steps.py in C++, over values of `dtype`. Its ops are
+    generic (no casts, no templates with a type), so a combine spelled by it also runs on GCC vector types
+    (ember::reduce_lanes)."""
+    infix = {**_INFIX, **_COMPARE}
+    statement = "const auto {name} = {expr};"
+
+    def __init__(self, dtype, prefix: str = ""):
+        super().__init__(prefix)
+        self.dtype = dtype
+
+    def constant(self, value) -> str:
+        return c_literal(value, self.dtype)
+
+    def truediv(self, a, b):
+        return f"({a} / {b})"
+
+    def neg(self, x):
+        return f"(-{x})"
+
+    def abs(self, x):
+        return f"std::abs({x})"
+
+    def exp(self, x):
+        return f"std::exp({x})"          # libm's (libmvec's in SIMD loops)
+
+    def maximum(self, a, b):
+        return f"ember::max_nan({a}, {b})" if self.dtype.is_floating_point else f"({a} > {b} ? {a} : {b})"
+
+    def minimum(self, a, b):
+        return f"ember::min_nan({a}, {b})" if self.dtype.is_floating_point else f"({a} < {b} ? {a} : {b})"
+
+    def logical_or(self, a, b):
+        return f"({a} || {b})"
+
+    def logical_and(self, a, b):
+        return f"({a} && {b})"
+
+    def where(self, c, a, b):
+        return f"({c} ? {a} : {b})"

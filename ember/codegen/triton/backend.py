@@ -14,7 +14,7 @@ from ...runtime import compile_pool
 from ...runtime.autotune import Autotuned, KernelTuning
 from ...runtime.launch import Launcher
 from ...runtime.loader import load_module
-from ...schedule.tiling import choose_tiling
+from ...schedule.tiling import DEFAULT_TILING, choose_tiling
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..wrapper.lines import CallKernel, DefineKernel, Name
 from .heuristics import candidate_configs, row_sized_configs
@@ -32,6 +32,7 @@ class TritonBackend(KernelBackend):
     matmul_alignment = 16
     # a long row is then read from memory once, not twice (once for the max, again for the sum)
     reads_rows_online = True
+    tiling = DEFAULT_TILING
 
     def __init__(self, interpret: bool):
         self.interpreted = interpret
@@ -62,7 +63,7 @@ class TritonBackend(KernelBackend):
     def generate(self, name, group, graph, local) -> GeneratedKernel:
         if not self.interpreted:
             compile_pool.start()        # workers boot while the rest of the graph is generated
-        tiling = choose_tiling(group)
+        tiling = choose_tiling(group, self.tiling)
         k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
         meta = k.launch_config()
         args = kernel_call_args(k)

@@ -57,8 +57,8 @@ def needs_int64(nodes, graph) -> bool:
     return False
 
 
-# A large pointwise kernel computing exp, erf, sin, ... on 16-bit floats is bound by its arithmetic as much
-# as by memory: 16 elements per thread (4096 at 8 warps, two 16-byte loads of each input) ran add+GELU(erf)
+# A large pointwise kernel computing exp, erf, sin, ... (ops the op table calls transcendental: the kernel
+# is math_heavy) on 16-bit floats is bound by its arithmetic as much as by memory: 16 elements per thread (4096 at 8 warps, two 16-byte loads of each input) ran add+GELU(erf)
 # in bf16 1.1x faster than 8 (1024 at 4 warps) on an H200 (scripts/kernel_variants_probe.py, session 8). In float32 the
 # same change made sin/cos chains 3% slower (benchmarks/kernels.py chain_f32), and plain adds stream as
 # fast with either.

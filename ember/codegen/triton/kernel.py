@@ -20,16 +20,17 @@ import sympy
 import torch
 
 from ... import config
+from ...ir.op_table import REDUCTIONS, SCANS, compute_dtype
 from ...ir.symbolic import guard_le, is_static, simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX
-from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, print_index, widest_kind
+from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, literal, print_index, widest_kind
+from ..reduction_steps import (softmax_stats_finish, softmax_stats_shared_max_step, welford_reciprocal,
+                               welford_update)
 from . import heuristics
-from .spelling import TritonSpelling, triton_type, compute_dtype
+from .spelling import TritonExprs, TritonSpelling, combine_fn, triton_type
 
-_IDENTITY = {"sum": 0, "prod": 1, "any": 0, "all": 1}
 _ATOMIC_ADD_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)   # on GPUs and in the interpreter
 _SCAN_FNS = {"add": "helpers.add", "mul": "helpers.prod", "logaddexp": "helpers.logaddexp"}
-_SCAN_IDENTITY = {"add": "0", "mul": "1", "logaddexp": 'float("-inf")'}
 
 
 class TritonKernel(TritonSpelling, SectionedKernel):
@@ -98,6 +99,10 @@ class TritonKernel(TritonSpelling, SectionedKernel):
             sec.cache[expr] = v
             self.scope[v.name] = sec.id
         return v
+
+    def _value(self, expr: str, dtype, kind: str, operands, costly: bool) -> KValue:
+        self.math_heavy |= costly
+        return self.cse(expr, dtype, kind, deps=operands)
 
     # -- indexing --------------------------------------------------------------------------------------
 
@@ -214,54 +219,34 @@ class TritonKernel(TritonSpelling, SectionedKernel):
 
     # -- reductions ------------------------------------------------------------------------------------
 
-    def reduction(self, dtype, src_dtype, rtype, value: KValue):
-        key = f"reduction:{rtype}:{value.name}"
-        hit = self.section.cache.get(key) or self.global_cache.get(key)
-        if hit is not None:
-            return hit
-        if not self.has_rdim:
-            return self._single_element_reduction(dtype, rtype, value)
-        out = self._persistent_reduction(dtype, rtype, value) if self.persistent else \
-            self._looped_reduction(dtype, rtype, value)
-        self.global_cache[key] = out
-        return out
+    def _reduce(self, dtype, src_dtype, rtype, value: KValue):
+        if self.persistent:
+            return self._persistent_reduction(dtype, rtype, value)
+        return self._looped_reduction(dtype, rtype, value)
 
-    def _single_element_reduction(self, dtype, rtype, value):
-        """A reduction over one element (rnumel == 1): the kernel has no r axis; the result is the value."""
-        if rtype in ("argmax", "argmin"):
-            return self.constant(0, torch.int64)
-        if rtype in ("any", "all"):
-            return self.to_dtype(value, torch.bool)
-        if rtype == "welford":
-            return (value, self.constant(0.0, torch.float32), self.constant(1.0, torch.float32))
-        if rtype == "online_softmax":
-            return (value, self.cse(f"tl.exp({value.name} - {value.name})", dtype, value.kind))
-        return self.to_dtype(value, dtype) if value.dtype != dtype else value
+    def _block(self, value: KValue, dtype) -> str:
+        """`value` as an [XBLOCK, RBLOCK] block (a literal becomes one)."""
+        return value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {triton_type(dtype)})"
 
-    def _identity(self, rtype, dtype) -> str:
-        if rtype in ("max", "argmax"):
-            return 'float("-inf")' if dtype.is_floating_point else str(torch.iinfo(dtype).min if dtype != torch.bool else 0)
-        if rtype in ("min", "argmin"):
-            return 'float("inf")' if dtype.is_floating_point else str(torch.iinfo(dtype).max if dtype != torch.bool else 1)
-        return str(_IDENTITY.get(rtype, 0))
-
-    def _combine_fn(self, rtype, dtype) -> str:
-        fp = dtype.is_floating_point
-        return {"max": "helpers.max_nan" if fp else "helpers.max_int",
-                "min": "helpers.min_nan" if fp else "helpers.min_int",
-                "prod": "helpers.prod", "any": "helpers.logical_or", "all": "helpers.logical_and"}[rtype]
-
-    def _masked(self, value: KValue, rtype, dtype) -> str:
-        ident = self._identity(rtype, dtype)
-        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {triton_type(dtype)})"
-        if rtype in ("any", "all"):
+    def _masked(self, value: KValue, rtype, acc_dtype) -> str:
+        """`value` as the reduction's accumulator dtype, with the reduction's identity in lanes past the row
+        (they change nothing)."""
+        v = self._block(value, value.dtype)
+        if acc_dtype == torch.bool:
             v = f"({v} != 0)"
-            ident = "False" if rtype == "any" else "True"
-        return f"tl.where(xmask & rmask, {v}, {ident})"
+        elif acc_dtype != value.dtype:
+            v = f"{v}.to({triton_type(acc_dtype)})"
+        ident = REDUCTIONS[rtype].identity(acc_dtype)
+        if rtype in ("argmax", "argmin"):
+            ident = ident[0]
+        return f"tl.where(xmask & rmask, {v}, {literal(ident)})"
 
     def _persistent_reduction(self, dtype, rtype, value):
-        src = value.dtype
-        m = self.cse(self._masked(value, rtype, src), src, "xr")
+        red = REDUCTIONS[rtype]
+        acc_dt = red.accumulator_dtype(dtype, value.dtype)
+        # welford's two passes sum the values, softmax's first pass takes their max
+        masked_as = {"welford": "sum", "online_softmax": "max"}.get(rtype, rtype)
+        m = self.cse(self._masked(value, masked_as, acc_dt), acc_dt, "xr")
         if rtype == "sum":
             return self.cse(f"tl.sum({m}, 1)[:, None]", dtype, "x")
         if rtype in ("argmax", "argmin"):
@@ -279,72 +264,75 @@ class TritonKernel(TritonSpelling, SectionedKernel):
             return (mean, m2, cnt)
         if rtype == "online_softmax":
             # the row is in registers: two passes over it, as eager computes (max, then sum of exp)
-            mx = self.cse(f"tl.reduce({self._masked(value, 'max', src)}, 1, helpers.max_nan)[:, None]", dtype, "x")
+            mx = self.cse(f"tl.reduce({m}, 1, helpers.max_nan)[:, None]", dtype, "x")
             e = self.cse(f"tl.where(xmask & rmask, tl.exp({value.name} - {mx}), 0.0)", dtype, "xr")
             return (mx, self.cse(f"tl.sum({e}, 1)[:, None]", dtype, "x"))
-        r = self.cse(f"tl.reduce({m}, 1, {self._combine_fn(rtype, src)})[:, None]", dtype, "x")
-        return r if rtype not in ("any", "all") else self.cse(f"{r}.to(tl.int1)", torch.bool, "x")
+        r = self.cse(f"tl.reduce({m}, 1, {combine_fn(red.combine, acc_dt)})[:, None]", red.result_dtype(dtype), "x")
+        return r if acc_dt != torch.bool else self.cse(f"{r}.to(tl.int1)", torch.bool, "x")
 
     def _looped_softmax_stats(self, acc, value, dtype):
-        """(max, sum of exp(v - max)) in one pass over a long row: each step takes the block's max (one
-        reduction across the program's threads), rescales the lanes' sums once if the row's max grew (one
-        exp per row) and adds exp(v - max) (one exp per element); the lanes share the row's max, so they
-        merge by a plain sum. A per-lane running max instead costs ~17 operations per element, and on an
-        H200 this ran 1.2x faster (scripts/kernel_variants_probe.py: cross-entropy over 32000 classes).
-        Eager's values for odd rows: a -inf element adds nothing, +inf or nan make the sum nan (and nan the
-        max), and a row of only -inf gets a nan sum."""
+        """(max, sum of exp(v - max)) in one pass over a long row, the shared-max strategy
+        (reduction_steps.softmax_stats_shared_max_step): each step takes the block's max (one reduction
+        across the program's threads), rescales the lanes' sums once if the row's max grew (one exp per
+        row) and adds exp(v - max) (one exp per element); the lanes share the row's max, so they merge by
+        a plain sum. A per-lane running max instead costs ~17 operations per element, and on an H200 this
+        ran 1.2x faster (scripts/kernel_variants_probe.py: cross-entropy over 32000 classes)."""
         sec = self.section
         tt = triton_type(dtype)
-        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {tt})"
-        sec.pre += [f"{acc}_m = tl.full([XBLOCK, 1], float('-inf'), {tt})",
-                    f"{acc}_s = tl.zeros([XBLOCK, RBLOCK], {tt})"]
-        sec.body += [f"{acc}_v = tl.where(xmask & rmask, {v}, float('-inf'))",
-                     f"{acc}_mn = helpers.maximum_nan({acc}_m, tl.reduce({acc}_v, 1, helpers.maximum_nan)[:, None])",
-                     # the scale is 1 while the max holds (also -inf to -inf), exp(-inf) = 0 from an empty start
-                     f"{acc}_sc = tl.where({acc}_m == {acc}_mn, 1.0, tl.exp({acc}_m - {acc}_mn))",
-                     f"{acc}_s = {acc}_s * {acc}_sc + tl.exp({acc}_v - tl.where({acc}_mn == float('-inf'), 0.0, {acc}_mn))",
-                     f"{acc}_m = {acc}_mn"]
-        sec.post += [f"{acc}_r0 = {acc}_m",
-                     f"{acc}_r1 = tl.where({acc}_m == float('-inf'), float('nan'), tl.sum({acc}_s, 1)[:, None])"]
-        return tuple(self.cse(f"{acc}_r{i}", dtype, "x", where="post") for i in range(2))
+        m0, s0 = REDUCTIONS["online_softmax"].identity(dtype)
+        sec.pre += [f"{acc}_m = tl.full([XBLOCK, 1], {literal(m0)}, {tt})",
+                    f"{acc}_s = tl.full([XBLOCK, RBLOCK], {literal(s0)}, {tt})"]
+        b = TritonExprs(acc)
+        v = b.let(f"tl.where(xmask & rmask, {self._block(value, dtype)}, {literal(m0)})", "v")
+        block_max = f"tl.reduce({v}, 1, helpers.maximum_nan)[:, None]"
+        m, s = softmax_stats_shared_max_step(b, f"{acc}_m", f"{acc}_s", v, block_max)
+        sec.body += b.lines + [f"{acc}_s = {s}", f"{acc}_m = {m}"]
+        stats = softmax_stats_finish(b, f"{acc}_m", f"tl.sum({acc}_s, 1)[:, None]")
+        return tuple(self.cse(e, dtype, "x", where="post") for e in stats)
+
+    def _looped_welford(self, acc, value, dtype):
+        """reduction_steps.welford_update in every lane of the block; lanes past the row keep their state.
+        The lanes' states merge after the loop (helpers.welford_combine)."""
+        sec = self.section
+        tt = triton_type(dtype)
+        state = [f"{acc}_mean", f"{acc}_m2", f"{acc}_w"]
+        sec.pre += [f"{n} = tl.full([XBLOCK, RBLOCK], {literal(i)}, {tt})"
+                    for n, i in zip(state, REDUCTIONS["welford"].identity(dtype))]
+        b = TritonExprs(acc)
+        new = welford_update(b, *state, self._block(value, dtype), welford_reciprocal(b, state[2]))
+        sec.body += b.lines + [f"{n} = tl.where(xmask & rmask, {e}, {n})" for n, e in zip(state, new)]
+        sec.post.append(f"{acc}_r0, {acc}_r1, {acc}_r2 = tl.reduce(({', '.join(state)}), 1, helpers.welford_combine)")
+        return tuple(self.cse(f"{acc}_r{i}[:, None]", dtype, "x", where="post") for i in range(3))
 
     def _looped_reduction(self, dtype, rtype, value):
         sec = self.section
-        n = next(self.counter)
-        acc = f"_acc{n}"
-        src = value.dtype
-        tt = triton_type(src if rtype not in ("any", "all") else torch.bool)
-        masked = self._masked(value, rtype, src)
+        acc = f"_acc{next(self.counter)}"
         if rtype == "welford":
-            sec.pre += [f"{acc}_mean = tl.zeros([XBLOCK, RBLOCK], tl.float32)",
-                        f"{acc}_m2 = tl.zeros([XBLOCK, RBLOCK], tl.float32)",
-                        f"{acc}_w = tl.zeros([XBLOCK, RBLOCK], tl.float32)"]
-            v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, tl.float32)"
-            sec.body += [f"{acc}_wn = tl.where(xmask & rmask, {acc}_w + 1.0, {acc}_w)",
-                         f"{acc}_d = {v} - {acc}_mean",
-                         f"{acc}_mn = tl.where(xmask & rmask, {acc}_mean + {acc}_d / tl.maximum({acc}_wn, 1.0), {acc}_mean)",
-                         f"{acc}_m2 = tl.where(xmask & rmask, {acc}_m2 + {acc}_d * ({v} - {acc}_mn), {acc}_m2)",
-                         f"{acc}_mean = {acc}_mn", f"{acc}_w = {acc}_wn"]
-            sec.post.append(f"{acc}_r0, {acc}_r1, {acc}_r2 = tl.reduce(({acc}_mean, {acc}_m2, {acc}_w), 1, helpers.welford_combine)")
-            return tuple(self.cse(f"{acc}_r{i}[:, None]", dtype, "x", where="post") for i in range(3))
+            return self._looped_welford(acc, value, dtype)
         if rtype == "online_softmax":
             return self._looped_softmax_stats(acc, value, dtype)
+        red = REDUCTIONS[rtype]
+        acc_dt = red.accumulator_dtype(dtype, value.dtype)
+        tt = triton_type(acc_dt)
+        masked = self._masked(value, rtype, acc_dt)
         if rtype in ("argmax", "argmin"):
-            sec.pre += [f"{acc} = tl.full([XBLOCK, RBLOCK], {self._identity(rtype, src)}, {tt})",
-                        f"{acc}_i = tl.full([XBLOCK, RBLOCK], 2147483647, tl.int64)"]
+            ident, index = red.identity(acc_dt)
+            sec.pre += [f"{acc} = tl.full([XBLOCK, RBLOCK], {literal(ident)}, {tt})",
+                        f"{acc}_i = tl.full([XBLOCK, RBLOCK], {index}, tl.int64)"]
             sec.body += [f"{acc}_v, {acc}_j = helpers.{rtype}_combine({acc}, {acc}_i, {masked}, "
                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64))",
                          f"{acc} = tl.where(xmask & rmask, {acc}_v, {acc})",
                          f"{acc}_i = tl.where(xmask & rmask, {acc}_j, {acc}_i)"]
             sec.post.append(f"{acc}_r, {acc}_ri = tl.reduce(({acc}, {acc}_i), 1, helpers.{rtype}_combine)")
             return self.cse(f"{acc}_ri[:, None].to(tl.int64)", torch.int64, "x", where="post")
-        sec.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {self._identity(rtype, src) if rtype not in ('any', 'all') else ('False' if rtype == 'any' else 'True')}, {tt})")
+        sec.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {literal(red.identity(acc_dt))}, {tt})")
         if rtype == "sum":
             sec.body.append(f"{acc} = {acc} + {masked}")
             return self.cse(f"tl.sum({acc}, 1)[:, None]", dtype, "x", where="post")
-        sec.body.append(f"{acc} = {self._combine_fn(rtype, src)}({acc}, {masked})")
-        r = self.cse(f"tl.reduce({acc}, 1, {self._combine_fn(rtype, src)})[:, None]", dtype, "x", where="post")
-        return r if rtype not in ("any", "all") else self.cse(f"{r}.to(tl.int1)", torch.bool, "x", where="post")
+        fn = combine_fn(red.combine, acc_dt)
+        sec.body.append(f"{acc} = {fn}({acc}, {masked})")
+        r = self.cse(f"tl.reduce({acc}, 1, {fn})[:, None]", red.result_dtype(dtype), "x", where="post")
+        return r if acc_dt != torch.bool else self.cse(f"{r}.to(tl.int1)", torch.bool, "x", where="post")
 
     # -- scans ---------------------------------------------------------------------------------------------
 
@@ -355,8 +343,8 @@ class TritonKernel(TritonSpelling, SectionedKernel):
             return value           # a scan of one step is its value
         fn = _SCAN_FNS[combine]
         tt = triton_type(value.dtype)
-        ident = _SCAN_IDENTITY[combine]
-        v = value.name if value.kind != "const" else f"tl.full([XBLOCK, RBLOCK], {value.name}, {tt})"
+        ident = literal(SCANS[combine].identity(value.dtype))
+        v = self._block(value, value.dtype)
         masked = self.cse(f"tl.where(xmask & rmask, {v}, {ident})", value.dtype, "xr")
         scanned = self.cse(f"tl.associative_scan({masked}, 1, {fn})", value.dtype, "xr")
         if self.persistent:

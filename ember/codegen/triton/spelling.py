@@ -1,4 +1,6 @@
-"""Triton spellings of the math ops, as a mixin of the Triton kernel handler.
+"""Triton spellings of the math ops, as a mixin of the Triton kernel handler, and the expression builder
+the reduction steps (codegen/reduction_steps.py) are rendered with. An op's result dtype and cost are the
+op table's (ember/ir/op_table.py).
 
 Values of float16/bfloat16 tensors are float32 inside kernels; a cast to a narrow float rounds and
 widens again, so later math stays in float32 exactly as the rounded eager value would.
@@ -7,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kernel import KValue, literal, widest_kind
+from ...ir.op_table import MATH_OPS
+from ..kernel import KValue, OpSpelling, literal, op_dtype
+from ..reduction_steps import ExprBuilder
 
 _TRITON_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -23,11 +27,7 @@ def triton_type(dtype: torch.dtype) -> str:
         raise NotImplementedError(f"no Triton type for {dtype}") from None
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-# name -> (format, result is bool). {0}, {1} are operands.
+# name -> format; {0} is the operand
 _UNARY = {
     "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
     "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log2": "tl.log2({0})", "log10": "libdevice.log10({0})",
@@ -41,34 +41,37 @@ _UNARY = {
     "round": "libdevice.nearbyint({0})", "reciprocal": "(1.0 / {0})", "square": "({0} * {0})",
     "lgamma": "libdevice.lgamma({0})", "relu": "tl.where({0} < 0, 0, {0})",
 }
-# unary ops of a few instructions; the others (exp, log, sin, erf, ...) make a kernel math-heavy: its
-# launch config then gives each thread more elements (heuristics.launch_config)
-_CHEAP_UNARY = {"neg", "abs", "sqrt", "rsqrt", "floor", "ceil", "trunc", "round", "reciprocal", "square", "relu"}
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "bitwise_and": "&", "bitwise_or": "|",
           "bitwise_xor": "^", "bitwise_left_shift": "<<", "bitwise_right_shift": ">>"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LIBDEVICE_BINARY = {"pow": "pow", "atan2": "atan2", "hypot": "hypot", "copysign": "copysign", "fmod": "fmod"}
+# the @triton.jit functions that compute an IR op for tl.reduce and elementwise: (for floats, for integers
+# and bool); max_nan and min_nan let a NaN win, as eager's maximum and amax do
+_COMBINE_FNS = {"add": ("helpers.add",) * 2, "mul": ("helpers.prod",) * 2,
+                "maximum": ("helpers.max_nan", "helpers.max_int"), "minimum": ("helpers.min_nan", "helpers.min_int"),
+                "logical_or": ("helpers.logical_or",) * 2, "logical_and": ("helpers.logical_and",) * 2}
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, KValue) and not v.dtype.is_floating_point and v.dtype != torch.bool
+def combine_fn(op: str, dtype) -> str:
+    """The @triton.jit function computing IR op `op` on values of `dtype` (tl.reduce's combine_fn)."""
+    return _COMBINE_FNS[op][0 if dtype.is_floating_point else 1]
 
 
-class TritonSpelling:
-    """Mixin: needs `self.cse(expr, dtype, kind)`."""
+def _is_int(dtype) -> bool:
+    return not dtype.is_floating_point and dtype != torch.bool
 
-    math_heavy = False          # set once the kernel computes a transcendental function
 
-    def _op(self, expr: str, dtype, *vals) -> KValue:
-        kind = widest_kind(*vals)
-        if kind == "const":
-            kind = "scalar"
-        return self.cse(expr, dtype, kind, deps=vals)
+class TritonSpelling(OpSpelling):
+    """Mixin: needs `self._value(expr, dtype, kind, operands, costly)` (codegen.kernel.OpSpelling)."""
+
+    # set once the kernel computes an op the op table calls transcendental: its launch config then gives
+    # each thread more elements (heuristics.launch_config)
+    math_heavy = False
 
     def constant(self, value, dtype) -> KValue:
-        if dtype == torch.bool:
+        cdt = MATH_OPS["constant"].result_dtype((), target=dtype)
+        if cdt == torch.bool:
             return KValue(f"tl.full([], {bool(value)!r}, tl.int1)", torch.bool, "const")
-        cdt = compute_dtype(dtype)
         if cdt.is_floating_point:
             value = float(value)
             if cdt == torch.float32:
@@ -80,116 +83,129 @@ class TritonSpelling:
         return KValue(f"tl.full([], {literal(value)}, {triton_type(cdt)})", cdt, "const")
 
     def to_dtype(self, x: KValue, dtype, src_dtype=None) -> KValue:
-        if dtype == torch.bool:
-            return self._op(f"({x} != 0)", torch.bool, x)
-        cdt = compute_dtype(dtype)
+        cdt = MATH_OPS["to_dtype"].result_dtype((x.dtype,), target=dtype)
+        if cdt == torch.bool:
+            return self._op("to_dtype", f"({x} != 0)", x, dtype=cdt)
         if x.dtype == cdt and cdt == dtype:
             return x
         if dtype != cdt:  # narrow float: round there, compute on in float32
-            return self._op(f"{_cast(x, dtype)}.to(tl.float32)", cdt, x)
-        return self._op(_cast(x, cdt), cdt, x)
+            return self._op("to_dtype", f"{_cast(x, dtype)}.to(tl.float32)", x, dtype=cdt)
+        return self._op("to_dtype", _cast(x, cdt), x, dtype=cdt)
 
     def where(self, cond, a, b) -> KValue:
-        dtype = a.dtype if isinstance(a, KValue) else b.dtype
-        return self._op(f"tl.where({cond}, {a}, {b})", dtype, cond, a, b)
+        return self._op("where", f"tl.where({cond}, {a}, {b})", cond, a, b)
 
     def erf(self, x: KValue) -> KValue:
         # float32: a branchless polynomial (helpers.erf_f32); libdevice's erff cost add+GELU 1.2x on an H200
         fn = "helpers.erf_f32" if x.dtype == torch.float32 else "libdevice.erf"
-        self.math_heavy = True
-        return self._op(f"{fn}({x})", x.dtype, x)
+        return self._op("erf", f"{fn}({x})", x)
 
     def __getattr__(self, name):
         if name in _UNARY:
             fmt = _UNARY[name]
-            if name not in _CHEAP_UNARY:
-                self.math_heavy = True
-            return lambda x: self._op(fmt.format(x), x.dtype, x)
+            return lambda x: self._op(name, fmt.format(x), x)
         if name in _INFIX:
             sym = _INFIX[name]
-            return lambda a, b: self._op(f"({a} {sym} {b})", _dtype(a, b), a, b)
+            return lambda a, b: self._op(name, f"({a} {sym} {b})", a, b)
         if name in _COMPARE:
             sym = _COMPARE[name]
-            return lambda a, b: self._op(f"({a} {sym} {b})", torch.bool, a, b)
+            return lambda a, b: self._op(name, f"({a} {sym} {b})", a, b)
         if name in _LIBDEVICE_BINARY:
-            fn = _LIBDEVICE_BINARY[name]
-            return lambda a, b: self._binary_math(fn, a, b)
+            return lambda a, b: self._binary_math(name, a, b)
         raise AttributeError(name)
 
     def rand(self, seed, offset):
-        return self._op(f"tl.rand({seed}, {_as_tensor(offset)})", torch.float32, seed, offset)
+        return self._op("rand", f"tl.rand({seed}, {_as_tensor(offset)})", seed, offset, dtype=torch.float32)
 
     def randn(self, seed, offset):
-        return self._op(f"tl.randn({seed}, {_as_tensor(offset)})", torch.float32, seed, offset)
+        return self._op("randn", f"tl.randn({seed}, {_as_tensor(offset)})", seed, offset, dtype=torch.float32)
 
     def randint64(self, seed, offset, low, high):
-        return self._op(f"helpers.randint64({seed}, {_as_tensor(offset)}, {_as_tensor(low)}, {_as_tensor(high)})",
-                        torch.int64, seed, offset, low, high)
+        return self._op("randint64", f"helpers.randint64({seed}, {_as_tensor(offset)}, {_as_tensor(low)}, "
+                        f"{_as_tensor(high)})", seed, offset, low, high, dtype=torch.int64)
 
-    def _binary_math(self, fn, a, b):
-        if fn == "fmod" and _is_int(a):
-            return self._op(f"({a} % {b})", a.dtype, a, b)
-        return self._op(f"libdevice.{fn}({_as_tensor(a)}, {_as_tensor(b)})", _dtype(a, b), a, b)
+    def _binary_math(self, name, a, b):
+        if name == "fmod" and _is_int(op_dtype(name, a, b)):
+            return self._op(name, f"({a} % {b})", a, b)
+        return self._op(name, f"libdevice.{_LIBDEVICE_BINARY[name]}({_as_tensor(a)}, {_as_tensor(b)})", a, b)
 
     def maximum(self, a, b):
-        fn = "helpers.max_int" if _is_int(a) or a.dtype == torch.bool else "helpers.max_nan"
-        return self._op(f"{fn}({a}, {b})", _dtype(a, b), a, b)
+        return self._op("maximum", f"{combine_fn('maximum', op_dtype('maximum', a, b))}({a}, {b})", a, b)
 
     def minimum(self, a, b):
-        fn = "helpers.min_int" if _is_int(a) or a.dtype == torch.bool else "helpers.min_nan"
-        return self._op(f"{fn}({a}, {b})", _dtype(a, b), a, b)
+        return self._op("minimum", f"{combine_fn('minimum', op_dtype('minimum', a, b))}({a}, {b})", a, b)
 
     def floordiv(self, a, b):
-        if _is_int(a):
-            return self._op(f"helpers.floordiv_int({a}, {b})", a.dtype, a, b)
-        return self._op(f"libdevice.floor({a} / {b})", a.dtype, a, b)
+        if _is_int(op_dtype("floordiv", a, b)):
+            return self._op("floordiv", f"helpers.floordiv_int({a}, {b})", a, b)
+        return self._op("floordiv", f"libdevice.floor({a} / {b})", a, b)
 
     def remainder(self, a, b):
-        if _is_int(a):
-            return self._op(f"helpers.remainder_int({a}, {b})", a.dtype, a, b)
+        if _is_int(op_dtype("remainder", a, b)):
+            return self._op("remainder", f"helpers.remainder_int({a}, {b})", a, b)
         r = self._binary_math("fmod", a, b)
-        return self._op(f"helpers.remainder_float({a}, {b}, {r})", a.dtype, a, b, r)
+        return self._op("remainder", f"helpers.remainder_float({a}, {b}, {r})", a, b, r)
 
     def sign(self, x):
         if x.dtype == torch.bool:
             return x
-        return self._op(f"(({x} > 0).to({triton_type(x.dtype)}) - ({x} < 0).to({triton_type(x.dtype)}))", x.dtype, x)
+        t = triton_type(x.dtype)
+        return self._op("sign", f"(({x} > 0).to({t}) - ({x} < 0).to({t}))", x)
 
     def signbit(self, x):
         if not x.dtype.is_floating_point:
-            return self._op(f"({x} < 0)", torch.bool, x)
-        return self._op(f"(libdevice.signbit({x}) != 0)", torch.bool, x)
+            return self._op("signbit", f"({x} < 0)", x)
+        return self._op("signbit", f"(libdevice.signbit({x}) != 0)", x)
 
     def isnan(self, x):
-        return self._op(f"({x} != {x})", torch.bool, x)
+        return self._op("isnan", f"({x} != {x})", x)
 
     def isinf(self, x):
-        return self._op(f"(tl.abs({x}) == float(\"inf\"))", torch.bool, x)
+        return self._op("isinf", f"(tl.abs({x}) == float(\"inf\"))", x)
 
     def logical_not(self, x):
-        return self._op(f"({x} == 0)", torch.bool, x)
+        return self._op("logical_not", f"({x} == 0)", x)
 
     def bitwise_not(self, x):
-        return self._op(f"(~{x})", x.dtype, x)
+        return self._op("bitwise_not", f"(~{x})", x)
 
-    def _logical(self, sym, a, b):
-        return self._op(f"(({a} != 0) {sym} ({b} != 0))", torch.bool, a, b)
+    def _logical(self, name, sym, a, b):
+        return self._op(name, f"(({a} != 0) {sym} ({b} != 0))", a, b)
 
     def logical_and(self, a, b):
-        return self._logical("&", a, b)
+        return self._logical("logical_and", "&", a, b)
 
     def logical_or(self, a, b):
-        return self._logical("|", a, b)
+        return self._logical("logical_or", "|", a, b)
 
     def logical_xor(self, a, b):
-        return self._logical("^", a, b)
+        return self._logical("logical_xor", "^", a, b)
 
 
-def _dtype(a, b):
-    for v in (a, b):
-        if isinstance(v, KValue) and v.kind != "const":
-            return v.dtype
-    return a.dtype if isinstance(a, KValue) else b.dtype
+class TritonExprs(ExprBuilder):
+    """The expression builder of codegen/reduction_steps.py in Triton."""
+    infix = {**_INFIX, **_COMPARE}
+
+    def constant(self, value) -> str:
+        return literal(value)
+
+    def neg(self, x):
+        return f"(-{x})"
+
+    def abs(self, x):
+        return f"tl.abs({x})"
+
+    def exp(self, x):
+        return f"tl.exp({x})"
+
+    def maximum(self, a, b):
+        return f"helpers.maximum_nan({a}, {b})"     # floats only: NaN wins in one instruction on a GPU
+
+    def logical_or(self, a, b):
+        return f"({a} | {b})"
+
+    def where(self, c, a, b):
+        return f"tl.where({c}, {a}, {b})"
 
 
 def _cast(x: KValue, dtype) -> str:
