@@ -17,6 +17,8 @@ from typing import Iterable, Optional, Sequence
 import sympy
 import torch
 
+from .. import state
+
 Expr = sympy.Expr
 
 
@@ -189,13 +191,11 @@ UNBACKED_HINT = 8192
 
 
 def _hint_source():
-    from .. import state
     g = state.graph.get()
     return None if g is None else g.symbol_hints
 
 
 def _shape_env():
-    from .. import state
     g = state.graph.get()
     return None if g is None else getattr(g, "shape_env", None)
 
