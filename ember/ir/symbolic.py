@@ -329,10 +329,6 @@ def _known_ge(a: Expr, b: Expr) -> bool:
     return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
 
 
-def free_index_symbols(expr: Expr) -> set:
-    return {s for s in sympy.sympify(expr).free_symbols if not _is_size_symbol(s)}
-
-
 def size_symbols(expr) -> set:
     return {s for s in sympy.sympify(expr).free_symbols if _is_size_symbol(s)}
 

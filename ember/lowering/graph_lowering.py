@@ -58,7 +58,6 @@ class GraphLowering(torch.fx.Interpreter):
         self.outputs: list[Any] = []
         self.symbol_hints: dict[sympy.Symbol, int] = {}
         self.shape_env = None                       # the inputs' ShapeEnv, where decisions install guards
-        self.device_types: set[str] = set()
         self.current_node: torch.fx.Node | None = None
         self.pending_mutations: list = []      # (input buffer, TensorBox of its new value): see mutation.py
         self._ids = 0
@@ -73,8 +72,6 @@ class GraphLowering(torch.fx.Interpreter):
         self.name_to_buffer[buf.name] = buf
         if self.current_node is not None:
             buf.origin = self.current_node
-        if buf.layout is not None:
-            self.device_types.add(buf.layout.device.type)
         return buf
 
     def get_buffer(self, name: str) -> Buffer:
@@ -169,7 +166,6 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(val, torch.Tensor):
             buf = InputBuffer(name, Layout.from_tensor(val))
             self.graph_inputs[name] = buf
-            self.device_types.add(val.device.type)
             return TensorBox(buf)
         if isinstance(val, (torch.SymInt, int)):
             expr = sympify(val)

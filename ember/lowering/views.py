@@ -7,8 +7,8 @@ import torch
 
 from .. import state
 from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
-from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, simplify_index,
-                           settle_min_max, statically_known_equal, sympify, sympy_list)
+from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, settle_min_max,
+                           statically_known_equal, sympify, sympy_list)
 from .layouts import is_dense
 from .registry import Unsupported, lower
 

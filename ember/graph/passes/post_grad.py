@@ -216,9 +216,8 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _MatmulSizes:
-    """A matmul's M, K and N, and the zeros that align each."""
+    """A matmul's result size (M, N), and the zeros that align its M, K and N."""
     m: int
-    k: int
     n: int
     pad_m: int
     pad_k: int
@@ -242,7 +241,7 @@ def _misaligned_matmul(node) -> "_MatmulSizes | None":
     if align <= 1 or m * k * n < PAD_MATMUL_MIN_MACS or min(m, k, n) < 64:
         return None
     pads = [-d % align for d in (m, k, n)]
-    return _MatmulSizes(m, k, n, *pads) if any(pads) else None
+    return _MatmulSizes(m, n, *pads) if any(pads) else None
 
 
 class _MatmulPadder:
