@@ -21,6 +21,11 @@ from . import config, metrics, state
 from .device import check_backend_settings
 from .debug.dump import DebugDump
 from .debug.irprint import describe_buffers, describe_groups
+from .lowering.registry import load_all
+
+# every lowering registers (and tells graph/decompose.py which ops it lowers) before anything asks for the
+# decomposition table: Dynamo's AOTAutograd, the decompose pass and the pattern matcher's tracing
+load_all()
 
 
 class EmberCompileError(RuntimeError):

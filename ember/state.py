@@ -1,14 +1,16 @@
-"""All of ember's global state, in one place: context variables bound while a graph compiles.
+"""The context variables bound while a graph compiles: ember's per-compile state, in one place.
 
 - `ops_handler`: the handler that `ember.ir.ops.ops.<name>(...)` calls dispatch to. The same define-by-run
   `inner_fn` runs under a recording handler (dependencies), a kernel handler (code), a counting handler...
-- `graph`: the GraphLowering being built (lowerings register buffers with it).
-- `kernel`: the kernel whose code is being generated (the codegen handler writes into it).
+- `graph`: the GraphLowering being built (lowerings register buffers with it; size hints and guards are
+  asked of it while the graph is scheduled and its code generated).
 
-Nothing else in ember keeps module-level mutable state except `ember.config` (settings),
-`ember.metrics` (counters a user reads) and three process-wide resources that no compile's context
-changes: the loaded Triton helper module (`runtime/loader.py`), the C++ toolchain found on the machine
-(`codegen/cpp/build.py`) and the pool of compile workers (`runtime/compile_pool.py`).
+Besides these, ember's module-level state is: `ember.config` (settings), `ember.metrics` (counters a user
+reads); tables filled once as ember is imported (the lowerings of lowering/registry.py, and the ops they
+lower, published to graph/decompose.py); caches of what a process never changes (the decomposition table,
+each pattern's traced graphs); and three process-wide resources: the loaded Triton helper module
+(`runtime/loader.py`), the C++ toolchain found on the machine (`codegen/cpp/build.py`) and the pool of
+compile workers (`runtime/compile_pool.py`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from typing import Any, Iterator
 
 ops_handler: contextvars.ContextVar[Any] = contextvars.ContextVar("ember_ops_handler", default=None)
 graph: contextvars.ContextVar[Any] = contextvars.ContextVar("ember_graph", default=None)
-kernel: contextvars.ContextVar[Any] = contextvars.ContextVar("ember_kernel", default=None)
 
 
 @contextlib.contextmanager

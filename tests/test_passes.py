@@ -215,6 +215,164 @@ def test_replacement_may_ignore_an_input():
     torch.testing.assert_close(gm(torch.randn(4), torch.randn(4)), torch.ones(4))
 
 
+def _sum_then_double(x, dim):
+    return x.sum(dim) * 2
+
+
+def _double_then_sum(x, dim):
+    return (x * 2).sum(dim)
+
+
+def test_a_literal_input_matches_any_literal_and_reaches_the_replacement(device):
+    """dim's example (-1) is a literal input: the pattern matches sums over any dim, extra_check sees the
+    dim each match has, and the replacement sums over that dim."""
+    seen = []
+    pattern = Pattern(_sum_then_double, _double_then_sum, [torch.randn(3, 4), -1],
+                      extra_check=lambda match: seen.append(match["dim"]) is None)
+
+    def f(a, b):
+        return _sum_then_double(a, 0) + _sum_then_double(b, 1).exp()
+
+    a, b = torch.randn(5, 6, device=device), torch.randn(6, 5, device=device)
+    gm = make_fx(f, tracing_mode="fake")(a, b)
+    assert pattern.apply(gm) == 2 and sorted(seen) == [0, 1]
+    sums = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList]
+    assert sorted(n.args[1] for n in sums) == [[0], [1]]
+    assert all(n.args[0].target is aten.mul.Tensor for n in sums)
+    torch.testing.assert_close(gm(a, b), f(a, b))
+    with ember.config.patch(post_grad_passes=[pattern]):
+        check(f, a, b)
+    assert pattern.count == 4
+
+
+def test_a_literal_input_must_appear_once_per_value():
+    with pytest.raises(ValueError, match="appears as no op's argument"):
+        Pattern(lambda x, scale: x.sum(-1) * 2, lambda x, scale: x, [torch.randn(3, 4), 3.0]).search_graph
+    with pytest.raises(ValueError, match="distinct example values"):
+        Pattern(lambda x, i, j: x.sum(i) + x.sum(j), lambda x, i, j: x, [torch.randn(3, 4), 1, 1]).search_graph
+
+
+def _max_and_exp_sum(x):
+    m = x.amax(-1, keepdim=True)
+    return m, (x - m).exp().sum(-1, keepdim=True)
+
+
+def _online_max_and_exp_sum(x):
+    m, total = torch.ops.ember.softmax_stats(x, -1)
+    return m, total
+
+
+def test_a_pattern_with_several_outputs_replaces_each(device):
+    """The search function returns two values, both read outside the match: each is replaced by the
+    replacement's value at its position (swapped, the values would differ)."""
+    pattern = Pattern(_max_and_exp_sum, _online_max_and_exp_sum, [torch.randn(2, 8)])
+
+    def f(x):
+        m, total = _max_and_exp_sum(x)
+        return x - m - total.log(), m * 3
+
+    x = torch.randn(6, 40, device=device) * 3
+    gm = make_fx(f, tracing_mode="fake")(x)
+    assert pattern.apply(gm) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.ember.softmax_stats.default in targets and aten.amax.default not in targets
+    stats = next(n for n in gm.graph.nodes if n.target is torch.ops.ember.softmax_stats.default)
+    assert [tuple(v.shape) for v in stats.meta["val"]] == [(6, 1), (6, 1)]
+    for got, want in zip(gm(x), f(x)):
+        torch.testing.assert_close(got, want)
+
+
+def test_extra_check_sees_the_matched_outputs():
+    """match.outputs are the graph nodes the search function's results matched: here only the sin that
+    a multiplication reads is rewritten. extra_check is asked once per match."""
+    calls = []
+
+    def read_by_mul(match):
+        calls.append(match.outputs)
+        return all(u.target is aten.mul.Tensor for u in match.outputs[0].users)
+
+    pattern = Pattern(lambda x: x.sin(), lambda x: x.cos(), [torch.randn(3)], extra_check=read_by_mul)
+
+    def f(a, b):
+        return a.sin() * 2, b.sin() + 2
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4), torch.randn(4))
+    assert pattern.apply(gm) == 1 and len(calls) == 2
+    a, b = torch.randn(4), torch.randn(4)
+    for got, want in zip(gm(a, b), (a.cos() * 2, b.sin() + 2)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_replacement_constant_does_not_take_the_graph_constant_of_its_name():
+    """The graph and the replacement each hold a constant tensor named by tracing (`_tensor_constant0`):
+    the copied one gets a name of its own."""
+    def search(x):
+        return x.sin() * 2
+
+    def replace(x):
+        return x.cos() + torch.tensor([10.0, 20.0, 30.0, 40.0])
+
+    def f(x):
+        return search(x) + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    gm = make_fx(f)(torch.randn(3, 4))
+    assert Pattern(search, replace, [torch.randn(2, 4)]).apply(gm) == 1
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(gm(x), replace(x) + torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+
+def test_a_replacement_may_return_its_input():
+    pattern = Pattern(lambda x: x.clone(), lambda x: x, [torch.randn(3)])
+    gm = make_fx(lambda x: x.clone().exp() + x.clone(), tracing_mode="fake")(torch.randn(4))
+    assert pattern.apply(gm) == 2
+    assert not any(n.target is aten.clone.default for n in gm.graph.nodes)
+    x = torch.randn(4)
+    torch.testing.assert_close(gm(x), x.exp() + x)
+
+
+# -- ember's own post-grad passes -----------------------------------------------------------------------
+
+def test_casts_to_the_dtype_a_value_has_are_removed():
+    from ember.graph.passes.post_grad import remove_noop_casts
+    prims = torch.ops.prims
+
+    def f(x):
+        return prims.convert_element_type.default(x, torch.float32) * 2, \
+            prims.convert_element_type.default(x, torch.float64).sum()
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4, 5))
+    remove_noop_casts(gm)
+    gm.recompile()
+    casts = [n.args[1] for n in gm.graph.nodes if n.target is prims.convert_element_type.default]
+    assert casts == [torch.float64]
+    x = torch.randn(4, 5)
+    for got, want in zip(gm(x), f(x)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_statistics_pattern_keeps_the_dim_and_leaves_narrow_rows(monkeypatch, dim):
+    """post_grad.online_softmax_stats: softmax's max and sum of exp over any one dim become
+    ember::softmax_stats over that dim; float16 rows (which the decompositions upcast first) are left."""
+    from ember.codegen import backends
+    from ember.graph.decompose import decomposition_table
+    from ember.graph.passes.post_grad import online_softmax_stats
+    monkeypatch.setattr(backends, "reads_rows_online", lambda device: True)
+
+    def f(x, y):
+        return torch.ops.aten._softmax(x, dim, False), torch.amax(y, dim, keepdim=True) + \
+            torch.exp(y - torch.amax(y, dim, keepdim=True)).sum(dim, keepdim=True)
+
+    x, y = torch.randn(6, 7), torch.randn(6, 7, dtype=torch.float16)
+    gm = make_fx(f, decomposition_table=decomposition_table(), tracing_mode="fake")(x, y)
+    online_softmax_stats(gm)
+    gm.recompile()
+    stats = [n for n in gm.graph.nodes if n.target is torch.ops.ember.softmax_stats.default]
+    assert len(stats) == 1 and stats[0].args[1] in (dim, dim % 2)
+    for got, want in zip(gm(x, y), f(x, y)):
+        torch.testing.assert_close(got, want)
+
+
 def test_extending_doc_snippets_run():
     import os
     import re

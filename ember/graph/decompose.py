@@ -4,6 +4,10 @@ The table starts from PyTorch's core-ATen decompositions, adds the composite ops
 (softmax, layer norm ... become reductions and pointwise ops the scheduler fuses), and removes the ops
 ember lowers better itself (var/std by Welford, gelu, silu ...).
 
+Which overloads of the kept ops ember lowers is the lowering layer's to say: lowering/registry.py
+publishes each op it registers here (`publish_lowered`), and ember/compile_graph.py loads every lowering
+when ember is imported, so the table is complete whenever it is asked for. graph/ does not import lowering/.
+
 `decompose(gm)` is a graph pass: it re-traces the graph with the table, under the fake mode the graph's
 metadata came from, and returns the new graph (unchanged when no node needs decomposing).
 """
@@ -29,7 +33,8 @@ _EXTRA = [
     aten.leaky_relu_backward, aten.hardtanh_backward, aten.mish, aten.log_sigmoid_forward,
 ]
 
-# Lowered directly (a better kernel than the decomposition's): keep them out of the table.
+# Lowered directly (a better kernel than the decomposition's): keep the overloads ember lowers out of the
+# table.
 _KEEP = [
     aten.var, aten.var_mean, aten.std, aten.std_mean, aten.gelu, aten.silu, aten.clamp_min, aten.clamp_max,
     aten.clamp, aten.where, aten.hardtanh, aten.full_like, aten.zeros_like, aten.ones_like, aten.arange,
@@ -42,25 +47,36 @@ _KEEP = [
 # inference graphs.
 _NEVER = [aten._scaled_dot_product_flash_attention_for_cpu]
 
+# The ATen overloads ember lowers, published by lowering/registry.py as its @lower decorators run
+_lowered_ops: set = set()
+
+
+def publish_lowered(op: torch._ops.OpOverload) -> None:
+    """Record that ember lowers `op`: if `op` is one of the kept ops, its decomposition leaves the table."""
+    if op in _kept_overloads() and op not in _lowered_ops and decomposition_table.cache_info().currsize:
+        raise RuntimeError(f"{op} was lowered after the decomposition table was built: load every lowering "
+                           f"(ember.lowering.registry.load_all) before asking for the table")
+    _lowered_ops.add(op)
+
+
+@functools.lru_cache(None)
+def _kept_overloads() -> frozenset:
+    return frozenset(getattr(op, name) for op in _KEEP for name in op.overloads())
+
 
 @functools.lru_cache(None)
 def decomposition_table() -> dict:
+    if not _lowered_ops:
+        raise RuntimeError("the decomposition table depends on ember's lowerings: import ember (which loads "
+                           "them) before asking for it")
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op in _EXTRA if op is not None]))
-    keep = set()
-    for op in _KEEP:
-        for name in op.overloads():
-            keep.add(getattr(op, name))
     for op in _NEVER:
         for name in op.overloads():
             table.pop(getattr(op, name), None)
-    for op in list(table):
-        if op in keep:
-            # keep the decomposition only for overloads ember has no lowering for
-            from ..lowering.registry import get_lowering, load_all
-            load_all()
-            if get_lowering(op) is not None:
-                del table[op]
+    for op in _kept_overloads() & _lowered_ops:
+        # a kept op's overloads that ember has no lowering for stay decomposed
+        table.pop(op, None)
     return table
 
 

@@ -19,27 +19,47 @@ for Dynamo's torch-level graph (pre-grad passes). The example inputs only steer 
 dtypes for which the functions trace to the same ops work. Matching is torch.fx's SubgraphMatcher:
 
   - the two functions take the same inputs, in the same order; each input matches any graph value;
-  - literals (1e-6, dim -1, sizes baked in by a reshape) must be equal unless `ignore_literals=True`;
-  - a match is skipped when a value inside it is used outside it (the rewrite would drop that value);
-  - `extra_check(inputs)` gets {input name: matched fx.Node} and can veto a match (dtype, shape ...).
+  - an input whose example is not a tensor (an int, a float, a dtype ...) is a literal input: it stands
+    for the literal wherever its example value appears in the traced functions, matches any literal
+    there (the same one at every place), and the replacement gets the matched literal;
+  - other literals (1e-6, dim -1, sizes baked in by a reshape) must be equal unless `ignore_literals=True`;
+  - the search function may return several values (a tuple): each is replaced by the replacement's
+    value at the same position, and may be read outside the match;
+  - a match is skipped when a value inside it, not returned, is used outside it (the rewrite would drop
+    that value);
+  - `extra_check(match)` can veto a match (dtype, shape, who reads the result ...): `match` is a `Match`,
+    {input name: the graph node, or literal, it matched}, whose `outputs` are the graph nodes the search
+    function's return values matched.
 
-New nodes get `meta["val"]` from their fake implementations, because lowering reads output layouts from
-it: a custom op in a replacement needs a fake (meta) implementation, and runs as an ATen fallback.
+New nodes get `meta["val"]` from their fake implementations (`fill_fake_values`), because lowering reads
+output layouts from it: a custom op in a replacement needs a fake (meta) implementation, and runs as an
+ATen fallback unless ember lowers it.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx
-from torch.fx.subgraph_rewriter import replace_pattern_with_filters
+from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
+
+from .decompose import decomposition_table
+
+
+class Match(dict):
+    """What `extra_check` sees of one match: {input name: the graph node it matched, or the literal for a
+    literal input}, and `outputs`, the graph nodes the search function's return values matched."""
+
+    def __init__(self, inputs: dict, outputs: list):
+        super().__init__(inputs)
+        self.outputs = outputs
 
 
 class Pattern:
     def __init__(self, search_fn: Callable, replace_fn: Callable, example_inputs: Sequence, *,
                  trace: str = "aten", ignore_literals: bool = False,
-                 extra_check: Optional[Callable[[dict], bool]] = None, name: Optional[str] = None):
+                 extra_check: Optional[Callable[[Match], bool]] = None, name: Optional[str] = None):
         if trace not in ("aten", "torch"):
             raise ValueError(f"Pattern(trace={trace!r}): use 'aten' (post-grad, joint) or 'torch' (pre-grad)")
         self.search_fn, self.replace_fn = search_fn, replace_fn
@@ -52,9 +72,9 @@ class Pattern:
     def __repr__(self):
         return f"Pattern({self.name}, replaced {self.count}x)"
 
-    # a Pattern is an FX pass: ember.config.post_grad_passes=[pattern]
+    # a Pattern is an FX pass: ember.config.post_grad_passes=[pattern] (the pass runner recompiles gm)
     def __call__(self, gm: torch.fx.GraphModule) -> None:
-        self.apply(gm)
+        self._rewrite(gm)
 
     @property
     def search_graph(self) -> torch.fx.GraphModule:
@@ -66,26 +86,30 @@ class Pattern:
 
     def apply(self, gm: torch.fx.GraphModule) -> int:
         """Replace every non-overlapping match in gm, in place. Returns how many were replaced."""
-        search, replace = self._traced()
-        filters = [self._filter] if self.extra_check is not None else []
-        from torch.utils._python_dispatch import _disable_current_modes
-        # the rewriter deep-copies the replacement's constants, which an active fake mode would intercept
-        with _disable_current_modes():
-            replaced = replace_pattern_with_filters(gm, search, replace, match_filters=filters,
-                                                    ignore_literals=self.ignore_literals)
+        replaced = self._rewrite(gm)
         if replaced:
-            _fill_meta(gm, [n for r in replaced for n in r.replacements])
             gm.graph.lint()
             gm.recompile()
-        self.count += len(replaced)
-        return len(replaced)
+        return replaced
 
     # -- internals ------------------------------------------------------------------------------------------
 
-    def _filter(self, match, original_graph, pattern_graph) -> bool:
-        phs = [n for n in pattern_graph.nodes if n.op == "placeholder"]
-        inputs = {n.name: match.nodes_map[n] for n in phs if n in match.nodes_map}
-        return bool(self.extra_check(inputs))
+    def _rewrite(self, gm: torch.fx.GraphModule) -> int:
+        search, replace = self._traced()
+        matches = _Matcher(search.graph, self._accepts, self.ignore_literals).matches(gm.graph)
+        replaced: dict = {}         # a value an earlier match returned -> the value that replaced it
+        new_nodes = []
+        for m in matches:
+            new_nodes += _splice(gm, m, search, replace, replaced)
+        fill_fake_values(gm, new_nodes)
+        self.count += len(matches)
+        return len(matches)
+
+    def _accepts(self, nodes_map: dict, returned: list) -> bool:
+        if self.extra_check is None:
+            return True
+        inputs = {n.name: v for n, v in nodes_map.items() if n.op == "placeholder"}
+        return bool(self.extra_check(Match(inputs, returned)))
 
     def _traced(self) -> tuple:
         if self._graphs is None:
@@ -107,7 +131,6 @@ class Pattern:
                 gm = torch.fx.symbolic_trace(fn)
             else:
                 from torch.fx.experimental.proxy_tensor import make_fx
-                from .decompose import decomposition_table
                 # fake tracing: custom ops in a replacement only need their fake implementation here
                 gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*self.example_inputs)
         except Exception as e:
@@ -115,16 +138,116 @@ class Pattern:
                              f"failed ({type(e).__name__}: {e}); the search and replacement functions must "
                              f"take the same inputs") from e
         params = [p for p in inspect.signature(fn).parameters]
-        for node, pname in zip(_placeholders(gm), params):
+        placeholders = _placeholders(gm)
+        for node, pname in zip(placeholders, params):
             node._rename(pname)         # extra_check sees the function's own argument names
-        for node in gm.graph.nodes if is_search else ():
+        if self.trace == "aten":
+            self._bind_literal_inputs(gm, placeholders, fn if is_search else None)
+        for node in placeholders if is_search else ():
             # an unused input would match nothing; the replacement may ignore inputs
-            if node.op == "placeholder" and not node.users:
+            if not node.users:
                 raise ValueError(f"pattern {self.name}: input {node.name!r} of {fn.__name__} is unused; "
                                  f"a pattern input must appear in the graph (use a literal for constants)")
         gm.graph.eliminate_dead_code()
         gm.recompile()
         return gm
+
+    def _bind_literal_inputs(self, gm: torch.fx.GraphModule, placeholders: list, search_fn) -> None:
+        """Make each literal input's placeholder stand where tracing baked its example value in."""
+        literals = {ph: v for ph, v in zip(placeholders, self.example_inputs) if not isinstance(v, torch.Tensor)}
+        values = list(literals.values())
+        if any(_same_literal(a, b) for i, a in enumerate(values) for b in values[i + 1:]):
+            raise ValueError(f"pattern {self.name}: literal inputs need distinct example values "
+                             f"(each stands for its own literal), got {values}")
+        for ph, value in literals.items():
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    node.args, node.kwargs = _put_placeholder((node.args, node.kwargs), value, ph)
+            if search_fn is not None and not ph.users:
+                raise ValueError(f"pattern {self.name}: the literal input {ph.name!r} = {value!r} of "
+                                 f"{search_fn.__name__} appears as no op's argument")
+
+
+class _Matcher(SubgraphMatcher):
+    """torch.fx's SubgraphMatcher that asks the pattern's extra_check about each match as it checks that
+    the match's inner values are not used outside it: before its cycle check, a walk of the graph below
+    each match, which most candidates of ember's own patterns would pay for nothing."""
+
+    def __init__(self, search: torch.fx.Graph, accepts: Callable[[dict, list], bool], ignore_literals: bool):
+        super().__init__(search, match_output=False, match_placeholder=False, remove_overlapping_matches=True,
+                         ignore_literals=ignore_literals)
+        self._accepts = accepts
+        self._inner = [n for n in search.nodes if n.op not in ("placeholder", "output")]
+        self._verdicts: dict = {}       # matched graph nodes -> extra_check's answer (asked once a match)
+
+    def matches(self, graph: torch.fx.Graph) -> list:
+        # asked again here: the veto must hold whether or not match() goes through _is_contained
+        return [m for m in self.match(graph) if self._accepted(m.nodes_map)]
+
+    def _is_contained(self, nodes_map: dict) -> bool:
+        return super()._is_contained(nodes_map) and self._accepted(nodes_map)
+
+    def _accepted(self, nodes_map: dict) -> bool:
+        key = tuple(nodes_map[n] for n in self._inner)
+        if key not in self._verdicts:
+            self._verdicts[key] = self._accepts(nodes_map, [nodes_map[n] for n in self.pattern_returning_nodes])
+        return self._verdicts[key]
+
+
+def _same_literal(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b          # type first: True == 1, but a keepdim is not a dim
+
+
+def _put_placeholder(args: Any, value: Any, placeholder: torch.fx.Node) -> Any:
+    """args (nested lists, tuples and dicts) with every literal equal to `value` replaced by `placeholder`."""
+    if isinstance(args, (list, tuple)):
+        return type(args)(_put_placeholder(a, value, placeholder) for a in args)
+    if isinstance(args, dict):
+        return {k: _put_placeholder(a, value, placeholder) for k, a in args.items()}
+    return placeholder if not isinstance(args, torch.fx.Node) and _same_literal(args, value) else args
+
+
+def _splice(gm: torch.fx.GraphModule, match: InternalMatch, search: torch.fx.GraphModule,
+            replace: torch.fx.GraphModule, replaced: dict) -> list:
+    """Put a copy of the replacement graph in place of one match; returns the nodes added. `replaced` maps
+    the values earlier matches returned to their replacements (a later match may read them)."""
+    graph = gm.graph
+    inputs = [replaced.get(v, v) if isinstance(v, torch.fx.Node) else v for v in match.placeholder_nodes]
+    val_map = dict(zip(_placeholders(replace), inputs))
+    # before the first reader of a returned value: every input of the match is defined by then
+    readers = [u for n in match.returning_nodes for u in n.users]
+    where = min(readers) if readers else max(match.returning_nodes).next
+    with graph.inserting_before(where):
+        outputs = graph.graph_copy(replace.graph, val_map)
+    outputs = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
+    for old, new in zip(match.returning_nodes, outputs):
+        old.replace_all_uses_with(new)
+        replaced[old] = new
+    for node in reversed(search.graph.nodes):
+        if node.op not in ("placeholder", "output"):
+            graph.erase_node(match.nodes_map[node])
+    new_nodes = [n for p, n in val_map.items() if p.op != "placeholder"]
+    _copy_constants(gm, replace, new_nodes)
+    return new_nodes
+
+
+def _copy_constants(gm: torch.fx.GraphModule, replace: torch.fx.GraphModule, new_nodes: list) -> None:
+    """Give gm the replacement's constant tensors that the copied nodes read, each under a name of its own
+    in gm (the graph's own constants may have the same names)."""
+    for node in new_nodes:
+        if node.op != "get_attr":
+            continue
+        value = getattr(replace, node.target)
+        name = next((k for k, v in gm.__dict__.items() if v is value), None) or _free_name(gm, node.target)
+        setattr(gm, name, value)
+        node.target = name
+
+
+def _free_name(gm: torch.fx.GraphModule, base: str) -> str:
+    i = 0
+    while hasattr(gm, f"{base}_{i}"):
+        i += 1
+    return f"{base}_{i}"
 
 
 def register_replacement(search_fn: Callable, replace_fn: Callable, example_inputs: Sequence, pass_list: list,
@@ -150,11 +273,13 @@ def _placeholders(gm: torch.fx.GraphModule) -> list:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _fill_meta(gm: torch.fx.GraphModule, new_nodes: list) -> None:
+def fill_fake_values(gm: torch.fx.GraphModule, new_nodes: list) -> None:
     """Give replacement nodes the fake values lowering reads output layouts from, by running them on their
     inputs' fake values under those values' fake mode. ATen graphs keep them in meta["val"], Dynamo's graph
     in meta["example_value"]; a node whose inputs have neither is left without (AOTAutograd re-traces)."""
     from torch._subclasses.fake_tensor import FakeTensor
+    if not new_nodes:
+        return
     pending = set(new_nodes)
     for n in pending:
         # copied from the replacement's own trace: right ops, but the example inputs' shapes

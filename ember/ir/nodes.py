@@ -15,14 +15,14 @@ lowered afterwards loads from it instead of recomputing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import sympy
 import torch
 
 from .. import state
 from .ops import ops
-from .symbolic import Expr, contiguous_strides, make_index_vars, product, sympify
+from .symbolic import Expr, contiguous_strides, product, sympify
 
 
 @dataclasses.dataclass
@@ -353,15 +353,7 @@ class TensorBox:
         return f"TensorBox({self.data!r})"
 
 
-def as_box(x: Any) -> Any:
-    return TensorBox(x) if isinstance(x, IRNode) else x
-
-
 def loops_of_realized(node: IRNode) -> Pointwise:
     """A Pointwise that reads `node` elementwise (to wrap a buffer into a fresh computation)."""
     loader = node.make_loader()
     return Pointwise(node.get_device(), node.get_dtype(), loader, list(node.get_size()))
-
-
-def index_vars_for(ranges, prefix="i"):
-    return make_index_vars(prefix, len(ranges))

@@ -17,6 +17,8 @@ from typing import Iterable, Optional, Sequence
 import sympy
 import torch
 
+from .. import state
+
 Expr = sympy.Expr
 
 
@@ -189,13 +191,11 @@ UNBACKED_HINT = 8192
 
 
 def _hint_source():
-    from .. import state
     g = state.graph.get()
     return None if g is None else g.symbol_hints
 
 
 def _shape_env():
-    from .. import state
     g = state.graph.get()
     return None if g is None else getattr(g, "shape_env", None)
 
@@ -327,10 +327,6 @@ def simplify_index(expr: Expr, ranges: tuple = ()) -> Expr:
 def _known_ge(a: Expr, b: Expr) -> bool:
     d = _simplify(a - b)
     return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
-
-
-def free_index_symbols(expr: Expr) -> set:
-    return {s for s in sympy.sympify(expr).free_symbols if not _is_size_symbol(s)}
 
 
 def size_symbols(expr) -> set:

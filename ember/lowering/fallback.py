@@ -17,7 +17,7 @@ from .. import metrics, state
 from ..ir.nodes import (Buffer, ComputedBuffer, ExternKernel, Layout, Loops, MultiOutput, Pointwise, ReinterpretView,
                         TensorBox)
 from ..ir.symbolic import hint, sympify
-from .graph_lowering import _is_dense, _same_shape
+from .layouts import is_dense, same_shape
 from .views import stored_view
 
 aten = torch.ops.aten
@@ -29,8 +29,8 @@ def realize_arg(a, meta=None):
     attention pick their output layout from their inputs' strides, and their meta functions assume
     eager's; a contiguous copy of a permuted input would make the two disagree."""
     if isinstance(a, TensorBox):
-        if isinstance(a.data, Loops) and _same_shape(meta, a):
-            stride = [sympify(s) for s in meta.stride()] if _is_dense(meta) else _dense_strides_like(meta, a)
+        if isinstance(a.data, Loops) and same_shape(meta, a):
+            stride = [sympify(s) for s in meta.stride()] if is_dense(meta) else _dense_strides_like(meta, a)
             view = stored_view(a, stride)
             if view is not None:
                 a.data = view

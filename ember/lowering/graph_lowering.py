@@ -19,6 +19,9 @@ from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
 from ..ir.symbolic import hint, product, sympify
+from .fallback import fallback, fallback_higher_order
+from .layouts import is_dense, is_non_overlapping, same_shape
+from .mutation import flush_mutations
 from .registry import Unsupported, get_lowering, load_all
 
 aten = torch.ops.aten
@@ -55,7 +58,6 @@ class GraphLowering(torch.fx.Interpreter):
         self.outputs: list[Any] = []
         self.symbol_hints: dict[sympy.Symbol, int] = {}
         self.shape_env = None                       # the inputs' ShapeEnv, where decisions install guards
-        self.device_types: set[str] = set()
         self.current_node: torch.fx.Node | None = None
         self.pending_mutations: list = []      # (input buffer, TensorBox of its new value): see mutation.py
         self._ids = 0
@@ -70,8 +72,6 @@ class GraphLowering(torch.fx.Interpreter):
         self.name_to_buffer[buf.name] = buf
         if self.current_node is not None:
             buf.origin = self.current_node
-        if buf.layout is not None:
-            self.device_types.add(buf.layout.device.type)
         return buf
 
     def get_buffer(self, name: str) -> Buffer:
@@ -145,7 +145,7 @@ class GraphLowering(torch.fx.Interpreter):
     def _store_like_eager(self, box: TensorBox, meta) -> None:
         """Store a computed value with eager's strides where those are dense (channels_last stays
         channels_last): it may turn out to be a graph output, which must have them."""
-        if _same_shape(meta, box) and _is_dense(meta):
+        if same_shape(meta, box) and is_dense(meta):
             self.store_with_strides(box, [sympify(s) for s in meta.stride()])
         else:
             box.realize()
@@ -166,7 +166,6 @@ class GraphLowering(torch.fx.Interpreter):
         if isinstance(val, torch.Tensor):
             buf = InputBuffer(name, Layout.from_tensor(val))
             self.graph_inputs[name] = buf
-            self.device_types.add(val.device.type)
             return TensorBox(buf)
         if isinstance(val, (torch.SymInt, int)):
             expr = sympify(val)
@@ -199,17 +198,14 @@ class GraphLowering(torch.fx.Interpreter):
                     return lowering(*args, **kwargs)
                 except Unsupported:
                     pass
-            from .fallback import fallback
             return fallback(target, args, kwargs, self.current_node)
         if isinstance(target, torch._ops.HigherOrderOperator):
-            from .fallback import fallback_higher_order
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
             return target(*args)
         raise Unsupported(f"call_function target {target} is not an ATen op")
 
     def output(self, target, args, kwargs):
-        from .mutation import flush_mutations
         result = args[0]
         outs = result if isinstance(result, (list, tuple)) else [result]
         vals = self.current_node.args[0]
@@ -220,7 +216,7 @@ class GraphLowering(torch.fx.Interpreter):
                 self.outputs.append(realized[fx_val])
             elif isinstance(out, TensorBox):
                 meta = fx_val.meta.get("val") if isinstance(fx_val, torch.fx.Node) else None
-                if isinstance(out.data, Loops) and isinstance(meta, torch.Tensor) and not _is_dense(meta):
+                if isinstance(out.data, Loops) and isinstance(meta, torch.Tensor) and not is_dense(meta):
                     out = self._as_view_of_stored_base(fx_val, meta) or out
                 self.outputs.append(self._realize_output(out, meta))
                 if isinstance(fx_val, torch.fx.Node):
@@ -244,7 +240,7 @@ class GraphLowering(torch.fx.Interpreter):
         base = self.env.get(node) if isinstance(node, torch.fx.Node) else None
         base_meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not chain or not isinstance(base, TensorBox) or not isinstance(base.data, Loops) or \
-                not isinstance(base_meta, torch.Tensor) or not _is_dense(base_meta) or \
+                not isinstance(base_meta, torch.Tensor) or not is_dense(base_meta) or \
                 base_meta.dim() != base.dim():
             return None
         base.data = self.register_buffer(ComputedBuffer(
@@ -276,7 +272,7 @@ class GraphLowering(torch.fx.Interpreter):
             # (strides with gaps) is stored with its strides too, where it starts at offset 0.
             layout = Layout.contiguous(box.device, box.dtype, box.get_size())
             if isinstance(meta, torch.Tensor) and len(meta.shape) == len(layout.size) and \
-                    (_is_dense(meta) or _is_non_overlapping(meta)):
+                    (is_dense(meta) or is_non_overlapping(meta)):
                 layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
             box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
         elif isinstance(box.data, (ComputedBuffer, ExternKernel, MultiOutput, ReinterpretView)) and \
@@ -290,15 +286,9 @@ class GraphLowering(torch.fx.Interpreter):
         return box.data
 
 
-def _same_shape(meta, box) -> bool:
-    """Is `meta` a fake tensor of `box`'s shape?"""
-    return isinstance(meta, torch.Tensor) and meta.dim() == box.dim() and \
-        [sympify(s) for s in meta.shape] == list(box.get_size())
-
-
 def _differs_from(layout, meta) -> bool:
     """Does a stored layout disagree with eager's dense strides (size-1 dims' strides never matter)?"""
-    if not isinstance(meta, torch.Tensor) or not _is_dense(meta) or layout is None or \
+    if not isinstance(meta, torch.Tensor) or not is_dense(meta) or layout is None or \
             [sympify(s) for s in meta.shape] != list(layout.size):
         return False
     return any(sympify(n) != 1 and a != sympify(b) for n, a, b in zip(meta.shape, layout.stride, meta.stride()))
@@ -312,32 +302,6 @@ def _is_split_item(node) -> bool:
 def _sanitize(name: str) -> str:
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
     return out if not out[0].isdigit() else "_" + out
-
-
-# renamed in torch 2.13 (it answers False where a symbolic size leaves it undecided)
-_non_overlapping_and_dense = getattr(torch._prims_common, "is_non_overlapping_and_dense_or_false", None) or \
-    getattr(torch._prims_common, "is_non_overlapping_and_dense")
-
-
-def _is_dense(t: torch.Tensor) -> bool:
-    try:
-        return bool(_non_overlapping_and_dense(t)) and t.storage_offset() == 0
-    except Exception:
-        return False
-
-
-def _is_non_overlapping(t: torch.Tensor) -> bool:
-    """Static strides, offset 0, and no two elements at one address (gaps allowed)."""
-    vals = list(t.shape) + list(t.stride()) + [t.storage_offset()]
-    if not all(type(v) is int for v in vals) or t.storage_offset() != 0:
-        return False          # symbolic: asking would add a guard
-    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
-    reach = 1
-    for st, n in dims:
-        if st < reach:
-            return False
-        reach = st * n
-    return True
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

@@ -15,7 +15,7 @@ from .. import state
 from ..ir.deps import record_loops
 from ..ir.nodes import Buffer, Loops, MutationBuffer, Pointwise, TensorBox, loops_of_realized
 from ..ir.symbolic import make_index_vars
-from .pointwise import broadcast_loader, cast
+from .pointwise import broadcast_loader, cast, scalar_value
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -31,7 +31,6 @@ def copy_(dst, src, non_blocking=False):
     if isinstance(src, TensorBox):
         load, sdt = broadcast_loader(src, size), src.dtype
     else:
-        from .pointwise import scalar_value
         load, sdt = (lambda idx: scalar_value(src, dst.dtype)), dst.dtype
     ddt = dst.dtype
     new = TensorBox(Pointwise(dst.device, ddt, lambda idx: cast(load(idx), sdt, ddt), list(size)))

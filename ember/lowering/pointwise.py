@@ -119,13 +119,6 @@ def single_device(tensors):
     return next(iter(devices))
 
 
-def device_of(args):
-    for a in args:
-        if is_tensor(a):
-            return a.device
-    raise Unsupported("no tensor argument")
-
-
 def pointwise(fn, *args, kind=KIND.DEFAULT, out_dtype=None, compute_dtype=None):
     """Build the Pointwise computing fn(*values) elementwise over the broadcast of the tensor args."""
     tensors = [a for a in args if is_tensor(a)]

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from ..graph.decompose import publish_lowered
+
 lowerings: dict = {}
 
 
@@ -28,6 +30,7 @@ def lower(*ops) -> Callable:
         for op in ops:
             for overload in _overloads(op):
                 lowerings[overload] = fn
+                publish_lowered(overload)       # a kept op ember lowers leaves the decomposition table
         return fn
     return register
 

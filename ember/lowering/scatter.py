@@ -23,6 +23,7 @@ from ..ir.nodes import ComputedBuffer, Layout, Pointwise, ScatterBuffer, TensorB
 from ..ir.ops import ops
 from ..ir.symbolic import product, statically_known_equal, sympify
 from .indexing import advanced_index_region
+from .layouts import is_dense
 from .pointwise import broadcast_loader, cast, scalar_value, to_dtype
 from .registry import Unsupported, lower
 
@@ -42,9 +43,8 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
 def _layout(size, dtype, device) -> Layout:
     """Eager's strides for the node's result where they are dense (index_put keeps `self`'s layout);
     a backward graph reading a saved output was compiled for them."""
-    from .graph_lowering import _is_dense
     meta = state.current_graph().current_node.meta.get("val")
-    if isinstance(meta, torch.Tensor) and meta.dtype == dtype and _is_dense(meta) and \
+    if isinstance(meta, torch.Tensor) and meta.dtype == dtype and is_dense(meta) and \
             [sympify(s) for s in meta.shape] == list(size):
         return Layout(device, dtype, list(size), [sympify(s) for s in meta.stride()])
     return Layout.contiguous(device, dtype, size)

@@ -7,8 +7,9 @@ import torch
 
 from .. import state
 from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
-from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, simplify_index,
-                           settle_min_max, statically_known_equal, sympify, sympy_list)
+from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, settle_min_max,
+                           statically_known_equal, sympify, sympy_list)
+from .layouts import is_dense
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -397,8 +398,7 @@ def _input_meta(i):
 
 
 def _owns_its_storage(meta) -> bool:
-    from .graph_lowering import _is_dense
-    if not isinstance(meta, torch.Tensor) or not _is_dense(meta):
+    if not isinstance(meta, torch.Tensor) or not is_dense(meta):
         return False
     try:
         nbytes, numel = meta.untyped_storage().nbytes(), meta.numel()

@@ -14,8 +14,6 @@ import heapq
 import itertools
 from typing import Optional
 
-import sympy
-
 from .. import config
 from ..ir.nodes import ScatterBuffer
 from ..ir.symbolic import hint, statically_known_equal
@@ -118,9 +116,6 @@ class Fusion:
             self.group_of[n] = g
 
     # -- legality ----------------------------------------------------------------------------------
-
-    def group_deps(self, g: FusedGroup) -> set:
-        return {self.group_of[d] for n in g.nodes for d in n.deps} - {g}
 
     def group_users(self, g: FusedGroup) -> set:
         return {self.group_of[u] for n in g.nodes for u in n.users} - {g}

@@ -1,29 +1,44 @@
-"""Passes on the functional ATen graph that compile_graph lowers (forward, backward or inference)."""
+"""Passes on the functional ATen graph that compile_graph lowers (forward, backward or inference).
+
+A pass that finds a fixed subgraph is a `Pattern` (graph/pattern.py): the subgraph and its replacement
+written as PyTorch functions, the conditions as its extra_check. `scatter_into_constant` and
+`pad_matmuls` build what they insert from the sizes of what they match, so they walk the graph in code.
+What the kernel backend prefers (ember/device.py: KernelBackend) the passes ask `backend_for(device)`."""
 from __future__ import annotations
 
-import operator
+import dataclasses
 
 import torch
 import torch.fx
 
 from ... import config
 from ...device import backend_for
+from ..custom_ops import padded_mm, softmax_stats
+from ..pattern import Pattern, fill_fake_values
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 # gm.meta[GRAPH_KIND]: "forward", "backward" or "inference", set by compile_graph before the passes run
 GRAPH_KIND = "ember_graph_kind"
 
 
-def remove_noop_ops(gm: torch.fx.GraphModule) -> None:
-    """Drop casts to the dtype a value already has."""
-    for n in list(gm.graph.nodes):
-        if n.op != "call_function":
-            continue
-        if n.target is torch.ops.prims.convert_element_type.default and _dtype(n.args[0]) == n.args[1]:
-            n.replace_all_uses_with(n.args[0])
-            gm.graph.erase_node(n)
+# -- casts to the dtype a value already has ---------------------------------------------------------------
 
+def _cast(x, dtype):
+    return prims.convert_element_type.default(x, dtype)
+
+
+def _uncast(x, dtype):
+    return x
+
+
+# a cast to the dtype a value already has is the value (the dtype is a literal input: any dtype matches)
+remove_noop_casts = Pattern(_cast, _uncast, [torch.randn(2), torch.float16], name="remove_noop_casts",
+                            extra_check=lambda match: getattr(_val(match["x"]), "dtype", None) == match["dtype"])
+
+
+# -- a scatter into a constant tensor -------------------------------------------------------------------
 
 _CONSTANT_FILLS = {aten.zeros_like.default: 0, aten.zeros.default: 0, aten.ones_like.default: 1,
                    aten.ones.default: 1, aten.full_like.default: None, aten.full.default: None}
@@ -41,86 +56,79 @@ def scatter_into_constant(gm: torch.fx.GraphModule) -> None:
     """`full(c).scatter(dim, index, v)` with one index per row (index of size 1 along dim and the
     output's size elsewhere) is `where(arange(n) == index, v, c)`: a pointwise that fuses into its
     consumers instead of a materialized tensor. Cross-entropy's backward scatters -1 into a
-    [tokens, vocabulary] float32 zeros tensor this way."""
-    from ..pattern import _fill_meta
+    [tokens, vocabulary] float32 zeros tensor this way. (Code, not a Pattern: the constant comes from any
+    of six creation ops, and the arange spans the output's size along dim.)"""
     for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target is not aten.scatter.value or n.kwargs:
-            continue
-        base, dim, index, value = n.args
-        fill, out = _constant_fill(base), n.meta.get("val")
-        idx = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
-        if fill is None or out is None or idx is None or idx.dim() != out.dim() or out.dim() == 0:
-            continue
-        dim = dim % out.dim()
-        if idx.shape[dim] != 1 or any(idx.shape[d] != out.shape[d] for d in range(out.dim()) if d != dim):
-            continue
-        shape = [1] * out.dim()
-        shape[dim] = out.shape[dim]
-        g = gm.graph
-        with g.inserting_before(n):
-            iota = g.call_function(aten.arange.start_step, (0, out.shape[dim], 1),
-                                   {"dtype": idx.dtype, "device": out.device})
-            hit = g.call_function(aten.eq.Tensor, (g.call_function(aten.view.default, (iota, shape)), index))
-            scalars = [g.call_function(aten.full.default, ([], x), {"dtype": out.dtype, "device": out.device})
-                       for x in (value, fill)]
-            where = g.call_function(aten.where.self, (hit, *scalars))
-        new = [iota, hit.args[0], hit, *scalars, where]
-        n.replace_all_uses_with(where)
-        g.erase_node(n)
-        _fill_meta(gm, new)
+        found = _scatter_of_one_per_row(n)
+        if found is not None:
+            _scatter_as_where(gm, n, *found)
 
 
-def _one_dim(dims, ndim):
-    """The single dim of a reduction's dims argument, non-negative; None for several or all dims."""
-    dims = [dims] if isinstance(dims, int) else list(dims or [])
-    return dims[0] % ndim if len(dims) == 1 and ndim else None
+def _scatter_of_one_per_row(node):
+    """(fill, dim) where node scatters one value per row into a constant `fill` along `dim`, else None."""
+    if node.op != "call_function" or node.target is not aten.scatter.value or node.kwargs:
+        return None
+    base, dim, index, _ = node.args
+    fill, out, idx = _constant_fill(base), node.meta.get("val"), _val(index)
+    if fill is None or out is None or idx is None or idx.dim() != out.dim() or out.dim() == 0:
+        return None
+    dim = dim % out.dim()
+    if idx.shape[dim] != 1 or any(idx.shape[d] != out.shape[d] for d in range(out.dim()) if d != dim):
+        return None
+    return fill, dim
 
 
-def _reduces_like(node, target, x, dim) -> bool:
-    """node is target(x, [dim], keepdim=True) with no dtype argument."""
-    if node.op != "call_function" or node.target is not target or node.kwargs.get("dtype") is not None:
-        return False
-    args = list(node.args) + [None] * 3
-    keepdim = node.kwargs.get("keepdim", args[2])
-    return args[0] is x and keepdim is True and _one_dim(args[1], x.meta["val"].dim()) == dim
+def _scatter_as_where(gm: torch.fx.GraphModule, node: torch.fx.Node, fill, dim: int) -> None:
+    """Replace node, `constant(fill).scatter(dim, index, value)`, by `where(arange == index, value, fill)`."""
+    _, _, index, value = node.args
+    out, g = node.meta["val"], gm.graph
+    shape = [1] * out.dim()
+    shape[dim] = out.shape[dim]
+    with g.inserting_before(node):
+        iota = g.call_function(aten.arange.start_step, (0, out.shape[dim], 1),
+                               {"dtype": _val(index).dtype, "device": out.device})
+        hit = g.call_function(aten.eq.Tensor, (g.call_function(aten.view.default, (iota, shape)), index))
+        scalars = [g.call_function(aten.full.default, ([], x), {"dtype": out.dtype, "device": out.device})
+                   for x in (value, fill)]
+        where = g.call_function(aten.where.self, (hit, *scalars))
+    node.replace_all_uses_with(where)
+    g.erase_node(node)
+    fill_fake_values(gm, [iota, hit.args[0], hit, *scalars, where])
 
 
-def online_softmax_stats(gm: torch.fx.GraphModule) -> None:
-    """`m = amax(x, d, keepdim)` and `sum(exp(x - m), d, keepdim)`, the row statistics of softmax,
-    log-softmax and cross-entropy, become one `ember::softmax_stats(x, d)`: one reduction carrying the
-    running max and the sum of exp rescaled to it, so a row too long to hold in registers is read once,
-    not once for the max and again for the sum, where the kernel backend wants that
-    (KernelBackend.reads_rows_online). Float32/64 rows only (narrow floats are upcast first by the
-    decompositions, and the statistics' dtype must be x's)."""
-    from ..custom_ops import softmax_stats
-    g = gm.graph
-    for m in list(g.nodes):
-        if m.op != "call_function" or m.target is not aten.amax.default or not m.args:
-            continue
-        x = m.args[0]
-        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-        if val is None or val.dtype not in (torch.float32, torch.float64) or val.dim() == 0 or \
-                not backend_for(val.device).reads_rows_online:
-            continue
-        dim = _one_dim(m.args[1] if len(m.args) > 1 else m.kwargs.get("dim"), val.dim())
-        if dim is None or not _reduces_like(m, aten.amax.default, x, dim):
-            continue
-        total = next((s for sub in m.users if sub.target is aten.sub.Tensor and sub.args == (x, m)
-                      for e in sub.users if e.target is aten.exp.default
-                      for s in e.users if _reduces_like(s, aten.sum.dim_IntList, e, dim)), None)
-        if total is None:
-            continue
-        with g.inserting_before(m):
-            stats = g.call_function(softmax_stats, (x, dim))
-            new_m = g.call_function(operator.getitem, (stats, 0))
-            new_total = g.call_function(operator.getitem, (stats, 1))
-        stats.meta["val"] = (m.meta["val"], total.meta["val"])
-        new_m.meta["val"], new_total.meta["val"] = m.meta["val"], total.meta["val"]
-        m.replace_all_uses_with(new_m)
-        total.replace_all_uses_with(new_total)
-        g.erase_node(total)
-        g.erase_node(m)
+# -- softmax's row statistics in one reduction ----------------------------------------------------------
 
+def _softmax_rows(x, dim):
+    m = torch.amax(x, dim, keepdim=True)
+    shifted = x - m
+    e = torch.exp(shifted)
+    return m, shifted, e, torch.sum(e, dim, keepdim=True)
+
+
+def _softmax_rows_online(x, dim):
+    m, total = softmax_stats(x, dim)
+    shifted = x - m
+    e = torch.exp(shifted)
+    return m, shifted, e, total
+
+
+def _rows_read_online(match) -> bool:
+    val = _val(match["x"])
+    return val is not None and val.dtype in (torch.float32, torch.float64) and val.dim() > 0 and \
+        backend_for(val.device).reads_rows_online
+
+
+# `m = amax(x, d, keepdim)` and `sum(exp(x - m), d, keepdim)`, the row statistics of softmax, log-softmax
+# and cross-entropy, become one `ember::softmax_stats(x, d)`: one reduction carrying the running max and
+# the sum of exp rescaled to it, so a row too long to hold in registers is read once, not once for the max
+# and again for the sum, where the kernel backend wants that (reads_rows_online). Float32/64 rows only
+# (narrow floats are upcast first by the decompositions, and the statistics' dtype must be x's). x - m and
+# its exp are returned too: softmax divides by the sum, log-softmax subtracts its log from x - m.
+online_softmax_stats = Pattern(_softmax_rows, _softmax_rows_online, [torch.randn(4, 8), -1],
+                               extra_check=_rows_read_online, name="online_softmax_stats")
+
+
+# -- a matmul's bias added where its result is read -----------------------------------------------------
 
 _VIEWS_OF_ROWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
@@ -138,29 +146,29 @@ def _feeds_pointwise_only(node) -> bool:
     return bool(node.users)
 
 
-def unfuse_bias_addmm(gm: torch.fx.GraphModule) -> None:
-    """`addmm(bias, a, b)` whose result only feeds pointwise ops is `mm(a, b) + bias`: the add (and
-    autocast's cast of the bias) then runs in the kernel of those ops, which reads the product anyway,
-    instead of as a separate cast kernel before the GEMM (KernelBackend.adds_matmul_bias_in_epilogue).
-    A 16-bit product is then rounded before the bias is added, as inductor's does."""
-    g = gm.graph
-    for n in list(g.nodes):
-        if n.op != "call_function" or n.target is not aten.addmm.default or n.kwargs:
-            continue
-        bias, a, b = n.args
-        val, bval = n.meta.get("val"), bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
-        if val is None or bval is None or bval.dim() != 1 or bval.dtype != val.dtype or \
-                not backend_for(val.device).adds_matmul_bias_in_epilogue or not _feeds_pointwise_only(n):
-            continue
-        with g.inserting_before(n):
-            mm = g.call_function(aten.mm.default, (a, b))
-            out = g.call_function(aten.add.Tensor, (mm, bias))
-        with val.fake_mode:
-            mm.meta["val"] = torch.mm(a.meta["val"], b.meta["val"])
-        out.meta["val"] = val
-        n.replace_all_uses_with(out)
-        g.erase_node(n)
+def _addmm(bias, a, b):
+    return torch.addmm(bias, a, b)
 
+
+def _mm_then_bias(bias, a, b):
+    return torch.mm(a, b) + bias
+
+
+def _bias_fits_epilogue(match) -> bool:
+    product, out, bias = match.outputs[0], _val(match.outputs[0]), _val(match["bias"])
+    return out is not None and bias is not None and bias.dim() == 1 and bias.dtype == out.dtype and \
+        backend_for(out.device).adds_matmul_bias_in_epilogue and _feeds_pointwise_only(product)
+
+
+# `addmm(bias, a, b)` whose result only feeds pointwise ops is `mm(a, b) + bias`: the add (and autocast's
+# cast of the bias) then runs in the kernel of those ops, which reads the product anyway, instead of as a
+# separate cast kernel before the GEMM (adds_matmul_bias_in_epilogue). A 16-bit product is then rounded
+# before the bias is added, as inductor's does.
+unfuse_bias_addmm = Pattern(_addmm, _mm_then_bias, [torch.randn(8), torch.randn(4, 3), torch.randn(3, 8)],
+                            extra_check=_bias_fits_epilogue, name="unfuse_bias_addmm")
+
+
+# -- matmuls padded to the device's alignment -------------------------------------------------------------
 
 # A matmul below this many multiply-adds keeps its sizes: the padded copies would cost about what the
 # misaligned GEMM loses
@@ -186,90 +194,124 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
     padded row stride, as inductor does: no copy, no chunks (GPT-2's logits: 2.6 ms per step where the
     row chunks took 4.1-5.3 back to back, scripts/host_profile.py)."""
-    from ..custom_ops import padded_mm
-    g = gm.graph
-    inference = gm.meta.get(GRAPH_KIND) == "inference"
-    padded = {}           # (node, rows, cols) -> its padded form
-    unpadded = {}         # a padded form sliced back -> the node it was padded from
-    pads = set()          # the pad nodes made here (no reader to redirect)
+    padder = _MatmulPadder(gm.graph, inference=gm.meta.get(GRAPH_KIND) == "inference")
+    for n in list(gm.graph.nodes):
+        sizes = _misaligned_matmul(n)
+        if sizes is not None:
+            padder.rewrite(n, sizes)
 
-    def call(op, *args, **kwargs):
-        node = g.call_function(op, args, kwargs)
-        fake = next(x.meta["val"] for x in args if isinstance(x, torch.fx.Node))
-        with fake.fake_mode:
-            node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args], **kwargs)
-        return node
 
-    def pad(x, rows, cols):
-        """x (2-D) with `rows` and `cols` zeros added. A transposed operand is padded in its base's order
-        and transposed back: a plain copy, not a transposing one, and one padded tensor serves every
-        matmul that reads the base either way (GPT-2's logits gradient feeds the input gradient as is
-        and the weight gradient transposed)."""
-        if not (rows or cols):
-            return x
-        x = unpadded.get(x, x)
-        base = _transposed_base(x)
-        if base is not None:
-            padded_base = pad(base, cols, rows)
-            with g.inserting_before(n):
-                return call(aten.permute.default, padded_base, [1, 0])
-        if (x, rows, cols) in padded:
-            return padded[x, rows, cols]
-        computed = x.op == "call_function"
-        with g.inserting_before(x.next if computed else n):     # (inserting_after(x) would reverse a chain)
-            p = padded[x, rows, cols] = call(aten.constant_pad_nd.default, x, [0, cols, 0, rows])
-        pads.add(p)
-        if computed:
-            readers = [u for u in x.users if u.op != "output" and u not in pads]
-            if readers:
-                with g.inserting_before(p.next):
-                    back = _slice_back(call, p, x.meta["val"].shape, rows, cols)
-                unpadded[back] = x
-                for u in readers:
-                    u.replace_input_with(x, back)
-        return p
+@dataclasses.dataclass(frozen=True)
+class _MatmulSizes:
+    """A matmul's result size (M, N), and the zeros that align its M, K and N."""
+    m: int
+    n: int
+    pad_m: int
+    pad_k: int
+    pad_n: int
 
-    for n in list(g.nodes):
-        if n.op != "call_function" or n.target not in (aten.mm.default, aten.addmm.default):
-            continue
-        a, b = n.args[-2], n.args[-1]
-        bias = n.args[0] if n.target is aten.addmm.default else None
-        va, vb = (x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b))
-        if va is None or vb is None or not all(isinstance(d, int) for d in (*va.shape, *vb.shape)):
-            continue
-        if va.dtype not in _PADDED_MATMUL_DTYPES:
-            continue
-        if bias is not None and (not isinstance(bias, torch.fx.Node) or bias.meta["val"].dim() != 1):
-            continue
-        align = backend_for(va.device).matmul_alignment // va.element_size()
-        (M, K), N = va.shape, vb.shape[1]
-        if align <= 1 or M * K * N < PAD_MATMUL_MIN_MACS or min(M, K, N) < 64:
-            continue
-        pm, pk, pn = (-d % align for d in (M, K, N))
-        if not (pm or pk or pn):
-            continue
-        a2, b2 = pad(a, pm, pk), pad(b, pk, pn)
-        returned = bool(pn) and _returned(n)
-        with g.inserting_before(n):
-            bias2 = call(aten.constant_pad_nd.default, bias, [0, pn]) if bias is not None and pn else bias
-            out = None
-            if not returned or inference:
-                out = call(aten.addmm.default, bias2, a2, b2, **n.kwargs) if bias is not None else \
-                    call(aten.mm.default, a2, b2)
-                out = _slice_back(call, out, (M, N), pm, pn)
-            restrided = _views_restrided(n, out.meta["val"]) if returned and out is not None else None
-            if returned and restrided is None:
-                out = call(padded_mm, a2, b2, bias2, M, N)
+
+def _misaligned_matmul(node) -> "_MatmulSizes | None":
+    """node's sizes where it is a large 16-bit mm/addmm with static sizes off the device's matmul alignment."""
+    if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+        return None
+    va, vb = _val(node.args[-2]), _val(node.args[-1])
+    if va is None or vb is None or not all(isinstance(d, int) for d in (*va.shape, *vb.shape)):
+        return None
+    if va.dtype not in _PADDED_MATMUL_DTYPES:
+        return None
+    if node.target is aten.addmm.default and (not isinstance(node.args[0], torch.fx.Node) or
+                                             node.args[0].meta["val"].dim() != 1):
+        return None
+    align = backend_for(va.device).matmul_alignment // va.element_size()
+    (m, k), n = va.shape, vb.shape[1]
+    if align <= 1 or m * k * n < PAD_MATMUL_MIN_MACS or min(m, k, n) < 64:
+        return None
+    pads = [-d % align for d in (m, k, n)]
+    return _MatmulSizes(m, n, *pads) if any(pads) else None
+
+
+class _MatmulPadder:
+    """Rewrites the misaligned matmuls of one graph onto padded operands, padding each operand once for
+    every matmul that reads it."""
+
+    def __init__(self, graph: torch.fx.Graph, inference: bool):
+        self.graph, self.inference = graph, inference
+        self.padded: dict = {}          # (node, rows, cols) -> its padded form
+        self.unpadded: dict = {}        # a padded form sliced back -> the node it was padded from
+        self.pads: set = set()          # the pad nodes made here (no reader to redirect)
+
+    def rewrite(self, node: torch.fx.Node, s: _MatmulSizes) -> None:
+        """Replace the matmul `node` by its product on padded operands, sliced back to its sizes."""
+        a, b = node.args[-2], node.args[-1]
+        bias = node.args[0] if node.target is aten.addmm.default else None
+        a2, b2 = self.pad(a, s.pad_m, s.pad_k, node), self.pad(b, s.pad_k, s.pad_n, node)
+        with self.graph.inserting_before(node):
+            bias2 = _call(self.graph, aten.constant_pad_nd.default, bias, [0, s.pad_n]) \
+                if bias is not None and s.pad_n else bias
+            out, restrided = self._product(node, a2, b2, bias2, s)
         if restrided is None:
             # the result keeps the matmul's traced value (eager's dense strides): where it is returned,
             # directly or through views, the lowering's output check copies it into them
-            out.meta["val"] = n.meta["val"]
+            out.meta["val"] = node.meta["val"]
         else:
             # an inference graph returns the padded product's views with the padded strides
             for view, val in restrided.items():
                 view.meta["val"] = val
-        n.replace_all_uses_with(out)
-        g.erase_node(n)
+        node.replace_all_uses_with(out)
+        self.graph.erase_node(node)
+
+    def _product(self, node, a2, b2, bias2, s: _MatmulSizes) -> tuple:
+        """(node's result from the padded operands, {view of it: its traced value} or None). Sliced back
+        from the padded product, except where a forward or backward graph returns a result padded along
+        N: ember::padded_mm then computes it dense. An inference graph returns the sliced product's views
+        with the padded strides where views can be taken of it."""
+        returned = bool(s.pad_n) and _returned(node)
+        out = restrided = None
+        if not returned or self.inference:
+            out = _call(self.graph, aten.addmm.default, bias2, a2, b2, **node.kwargs) if bias2 is not None \
+                else _call(self.graph, aten.mm.default, a2, b2)
+            out = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, s.pad_n)
+            if returned:
+                restrided = _views_restrided(node, out.meta["val"])
+        if returned and restrided is None:
+            out = _call(self.graph, padded_mm, a2, b2, bias2, s.m, s.n)
+        return out, restrided
+
+    def pad(self, x, rows: int, cols: int, matmul: torch.fx.Node):
+        """x (2-D) with `rows` and `cols` zeros added, for `matmul`. A transposed operand is padded in its
+        base's order and transposed back: a plain copy, not a transposing one, and one padded tensor serves
+        every matmul that reads the base either way (GPT-2's logits gradient feeds the input gradient as
+        is and the weight gradient transposed)."""
+        if not (rows or cols):
+            return x
+        x = self.unpadded.get(x, x)
+        base = _transposed_base(x)
+        if base is not None:
+            padded_base = self.pad(base, cols, rows, matmul)
+            with self.graph.inserting_before(matmul):
+                return _call(self.graph, aten.permute.default, padded_base, [1, 0])
+        if (x, rows, cols) in self.padded:
+            return self.padded[x, rows, cols]
+        computed = x.op == "call_function"
+        with self.graph.inserting_before(x.next if computed else matmul):  # (inserting_after(x) would reverse a chain)
+            p = self.padded[x, rows, cols] = _call(self.graph, aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+        self.pads.add(p)
+        if computed:
+            self._read_sliced_back(x, p, rows, cols)
+        return p
+
+    def _read_sliced_back(self, x: torch.fx.Node, padded: torch.fx.Node, rows: int, cols: int) -> None:
+        """x's other readers read its padded form sliced back, so x's producer writes the padded form and
+        the unpadded one is never stored."""
+        readers = [u for u in x.users if u.op != "output" and u not in self.pads]
+        if not readers:
+            return
+        with self.graph.inserting_before(padded.next):
+            back = _slice_back(self.graph, padded, x.meta["val"].shape, rows, cols)
+        self.unpadded[back] = x
+        for u in readers:
+            u.replace_input_with(x, back)
 
 
 def _views_restrided(node, val):
@@ -294,13 +336,22 @@ def _views_restrided(node, val):
     return vals if walk(node, val) else None
 
 
-def _slice_back(call, x, shape, rows, cols):
+def _slice_back(graph: torch.fx.Graph, x, shape, rows: int, cols: int):
     """x, padded by `rows` and `cols`, sliced back to `shape`."""
     if rows:
-        x = call(aten.slice.Tensor, x, 0, 0, shape[0])
+        x = _call(graph, aten.slice.Tensor, x, 0, 0, shape[0])
     if cols:
-        x = call(aten.slice.Tensor, x, 1, 0, shape[1])
+        x = _call(graph, aten.slice.Tensor, x, 1, 0, shape[1])
     return x
+
+
+def _call(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
+    """A new node op(*args, **kwargs) at the graph's insertion point, with its fake value."""
+    node = graph.call_function(op, args, kwargs)
+    fake = next(x.meta["val"] for x in args if isinstance(x, torch.fx.Node))
+    with fake.fake_mode:
+        node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args], **kwargs)
+    return node
 
 
 def _returned(node) -> bool:
@@ -321,12 +372,12 @@ def _transposed_base(x):
     return None
 
 
-def _dtype(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return getattr(v, "dtype", None)
+def _val(x):
+    """x's fake value, where x is a node that has one."""
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
 
 
-PASSES: list = [remove_noop_ops, scatter_into_constant, online_softmax_stats, unfuse_bias_addmm, pad_matmuls,
+PASSES: list = [remove_noop_casts, scatter_into_constant, online_softmax_stats, unfuse_bias_addmm, pad_matmuls,
                 dead_code_elimination]
 
 
