@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 import torch.nn as nn
@@ -95,8 +96,9 @@ HELP = """\
 columns:
   first call  Dynamo + AOTAutograd + the backend's compile + the first run, with empty kernel caches
               (unless --use-caches). One-time setup that is cached per machine (inductor's vector-ISA
-              probe, ember's C++ flags probe and precompiled header, Triton's driver helpers) and Dynamo's
-              first compile in the process run before it; their times are printed below the table.
+              probe, in inductor's own cache folder, so only a machine's first demo waits for it; ember's
+              C++ flags probe and precompiled header; Triton's driver helpers) and Dynamo's first compile
+              in the process run before it; their times are printed below the table.
   step        the median of warm steps, the backends taking turns (synchronized on a GPU)
   step peak   the most memory a step holds at once beyond what was allocated before it. GPU:
               torch.cuda.max_memory_allocated. CPU: the running sum of the allocations and frees that
@@ -192,14 +194,14 @@ def _median_ms(step_of: dict, device: str, steps: int) -> dict:
     one step each, so that a change in what else runs on the machine reaches all of them alike."""
     times: dict = {name: [] for name in step_of}
     failed: dict = {}
-    for _ in range(2 + steps):                  # two warm-up rounds
+    for _ in range(1 + steps):                  # a warm-up round (the first call and the peak step ran before)
         for name, step in step_of.items():
             if name not in failed:
                 try:
                     times[name].append(_time_ms(step, device))
                 except Exception as e:
                     failed[name] = e
-    return {name: failed.get(name) or statistics.median(t[2:]) for name, t in times.items()}
+    return {name: failed.get(name) or statistics.median(t[1:]) for name, t in times.items()}
 
 
 def _allocation_sizes(event, out: list) -> None:
@@ -225,8 +227,10 @@ def _step_peak_bytes(step, device: str) -> int | None:
     saved = os.environ.get("KINETO_LOG_LEVEL")
     os.environ["KINETO_LOG_LEVEL"] = saved or "6"     # above every level kineto logs at: no lines on stderr
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            step()
+        with warnings.catch_warnings():     # some versions warn that a profile without a schedule keeps one cycle
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                step()
         sizes: list = []
         for root in prof.profiler.kineto_results.experimental_event_tree():
             _allocation_sizes(root, sizes)
@@ -269,8 +273,9 @@ def _max_rel_err(results: list, reference: list) -> float:
 
 
 def _reason(e: BaseException) -> str:
-    while e.__cause__ is not None:      # Dynamo wraps a backend's error; its own message names only the backend
-        e = e.__cause__
+    # Dynamo wraps a backend's error, and its own message names only the backend
+    while (inner := e.__cause__ or getattr(e, "inner_exception", None)) is not None:
+        e = inner
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     text = f"{type(e).__name__}: {lines[0] if lines else ''}"
     return text if len(text) <= 110 else text[:107] + "..."
@@ -314,12 +319,13 @@ def _ember_detail() -> str:
             f"{m.generated_kernel_count} generated kernels, ATen calls: {calls or 'none'}")
 
 
-def _toolchain_setup(name: str, device: str) -> str:
+def _toolchain_setup(name: str, device: str, caches: CacheDirs) -> str:
     """Runs the backend's one-time setup, which is cached on disk per machine, so that the model's first
     call measures compiling the model; returns what the setup was ('' for none)."""
     if name == "inductor" and device == "cpu":
         from torch._inductor.cpu_vec_isa import pick_vec_isa
-        pick_vec_isa()          # builds and runs a probe program per vector instruction set
+        with caches.users():
+            pick_vec_isa()      # builds and runs a probe program per vector instruction set
         return "vector-ISA probe"
     if name == "ember" and device == "cpu" and not interpreted(device):
         from .codegen.cpp import build
@@ -340,7 +346,7 @@ def _shared_setup(device: str) -> float:
     return time.perf_counter() - t
 
 
-def prepare(name: str, work: Workload, reference: list) -> tuple[Row, object]:
+def prepare(name: str, work: Workload, reference: list, caches: CacheDirs) -> tuple[Row, object]:
     """One backend's row, less its times, and its step (None if the backend failed: an error in any
     backend fills `failed` instead of stopping the demo)."""
     row, device = Row(name), work.device
@@ -353,7 +359,7 @@ def prepare(name: str, work: Workload, reference: list) -> tuple[Row, object]:
             row.kernels = f"{counter.count} ops"
         else:
             t = time.perf_counter()
-            row.setup = _toolchain_setup(name, device)
+            row.setup = _toolchain_setup(name, device, caches)
             row.setup_s = time.perf_counter() - t
             # no torch._dynamo.reset() between backends: each compiled module keeps its own entry in
             # Dynamo's cache (entries are guarded by their backend) for the timed steps after all compiles
@@ -374,26 +380,46 @@ def prepare(name: str, work: Workload, reference: list) -> tuple[Row, object]:
     return row, lambda: work.step(fn)
 
 
-@contextlib.contextmanager
-def _empty_caches(use_caches: bool):
-    """Points ember's, inductor's and Triton's on-disk caches at a fresh folder, so that first calls are
-    compiles, not cache hits, on every run of the demo."""
-    if use_caches:
-        yield
-        return
-    names = ("EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    saved = {n: os.environ.get(n) for n in names}
-    with tempfile.TemporaryDirectory(prefix="ember_demo_caches_") as root:
-        for n in names:
-            os.environ[n] = os.path.join(root, n.split("_")[0].lower())
+def _set_env(values: dict) -> None:
+    for n, v in values.items():
+        if v is None:
+            os.environ.pop(n, None)
+        else:
+            os.environ[n] = v
+
+
+class CacheDirs:
+    """ember's, inductor's and Triton's on-disk cache folders (their environment variables). `fresh()`
+    points them at an empty folder, so that a first call compiles rather than hits a cache on every run
+    of the demo; `users()` puts the user's own back for a while, for one-time setup whose result is worth
+    keeping (inductor's vector-ISA probe, which it also remembers in the process)."""
+
+    NAMES = ("EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+    def __init__(self, use_caches: bool):
+        self.use_caches = use_caches
+        self.saved = {n: os.environ.get(n) for n in self.NAMES}
+
+    @contextlib.contextmanager
+    def fresh(self):
+        if self.use_caches:
+            yield
+            return
+        with tempfile.TemporaryDirectory(prefix="ember_demo_caches_") as root:
+            _set_env({n: os.path.join(root, n.split("_")[0].lower()) for n in self.NAMES})
+            try:
+                yield
+            finally:
+                _set_env(self.saved)            # inductor writes its folder back into the environment
+
+    @contextlib.contextmanager
+    def users(self):
+        inside = {n: os.environ.get(n) for n in self.NAMES}
+        _set_env(self.saved)
         try:
             yield
         finally:
-            for n, v in saved.items():          # inductor writes its folder back into the environment
-                if v is None:
-                    os.environ.pop(n, None)
-                else:
-                    os.environ[n] = v
+            _set_env(inside)
 
 
 def _kernels_in(path: str) -> list[str]:
@@ -420,7 +446,8 @@ def _fmt_mb(n: int | None) -> str:
 
 def table(rows: list[Row], steps: int, dtype: torch.dtype) -> str:
     eager_ms = next((r.step_ms for r in rows if r.name == "eager" and r.step_ms), None)
-    head = ("backend", "first call", f"step (median of {steps})", "vs eager", "step peak", "kernels", "max err", "check")
+    head = ("backend", "first call", f"step (median of {steps})", "vs eager", "step peak", "kernels", "max err",
+            "check")
     lines = []
     for r in rows:
         if r.failed:
@@ -434,7 +461,8 @@ def table(rows: list[Row], steps: int, dtype: torch.dtype) -> str:
                       r.kernels,
                       "-" if r.err is None else f"{r.err:.1e}",
                       "reference" if r.err is None else ("PASS" if r.ok else "FAIL")))
-    widths = [max(len(head[i]), *(len(ln[i]) for ln in lines if len(ln) == len(head))) for i in range(len(head))]
+    widths = [max(len(head[i]), *(len(ln[i]) for ln in lines if i < len(ln) and (i == 0 or len(ln) == len(head))))
+              for i in range(len(head))]
 
     def fmt(cells):
         if len(cells) != len(head):
@@ -487,12 +515,13 @@ def run(device: str | None = None, backends: tuple = BACKENDS, steps: int | None
 
     reference = [t.detach().clone() for t in work.step(work.module)]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="ember_demo_") as dbg, _empty_caches(use_caches), \
+    caches = CacheDirs(use_caches)
+    with tempfile.TemporaryDirectory(prefix="ember_demo_") as dbg, caches.fresh(), \
             ember.config.patch(fallback_on_error=False, debug=show_kernel, debug_dir=dbg):
         shared_s = _shared_setup(device)
         step_of = {}
         for name in backends:
-            row, step = prepare(name, work, reference)
+            row, step = prepare(name, work, reference, caches)
             rows.append(row)
             if step is not None:
                 step_of[name] = step

@@ -1,4 +1,5 @@
 """`ember demo` on the CPU at its tiny size: the table, the check against eager, and the exit code."""
+import pytest
 import torch
 
 import ember
@@ -7,20 +8,25 @@ from ember.cli import main
 
 
 def _rows(text: str) -> dict:
-    """backend name -> the rest of its table row"""
-    names = ("eager", "inductor", "ember", "no_such_backend")
-    return {ln.split()[0]: ln for ln in text.splitlines() if ln.split() and ln.split()[0] in names and "  " in ln}
+    """backend name -> its table row (the lines between the table's head and its tolerance note)"""
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("backend "))
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("(tolerance"))
+    return {ln.split()[0]: ln for ln in lines[head + 1:end]}
 
 
 def test_demo_compares_three_backends(capsys):
-    # the on-disk caches keep inductor's per-machine vector-ISA probe between runs of the suite
-    code = demo.run(device="cpu", size="tiny", steps=1, use_caches=True)
+    # the on-disk caches keep inductor's per-machine vector-ISA probe between runs of the suite; a backend
+    # that cannot run gets a "failed: <reason>" row, and the demo goes on
+    code = demo.run(device="cpu", size="tiny", steps=1, use_caches=True,
+                    backends=("eager", "inductor", "no_such_backend", "ember"))
     out = capsys.readouterr().out
     rows = _rows(out)
     assert code == 0, out
-    assert set(rows) == {"eager", "inductor", "ember"}, out
+    assert set(rows) == {"eager", "inductor", "no_such_backend", "ember"}, out
     assert rows["ember"].split()[-1] == "PASS", out
     assert rows["eager"].split()[-1] == "reference", out
+    assert "failed:" in rows["no_such_backend"], out
     assert "ember:" in out.splitlines()[-1] and "x eager" in out.splitlines()[-1], out
 
 
@@ -42,13 +48,12 @@ def test_demo_fails_when_ember_is_wrong(monkeypatch, capsys):
     assert "WRONG" in out.splitlines()[-1], out
 
 
-def test_demo_training_step_and_a_failing_backend(capsys):
-    # a backend that cannot run gets a "failed: <reason>" row; the demo goes on and ember's check decides
-    code = demo.run(device="cpu", size="tiny", steps=1, train=True, use_caches=True,
-                    backends=("eager", "no_such_backend", "ember"))
+@pytest.mark.skipif(demo.interpreted("cpu"),
+                    reason="a training step takes seconds in the Triton interpreter; the demo's training code "
+                           "is the same for every kernel backend")
+def test_demo_training_step(capsys):
+    code = demo.run(device="cpu", size="tiny", steps=1, train=True, use_caches=True, backends=("eager", "ember"))
     out = capsys.readouterr().out
-    rows = _rows(out)
     assert code == 0, out
-    assert "failed:" in rows["no_such_backend"], out
-    assert rows["ember"].split()[-1] == "PASS", out
+    assert _rows(out)["ember"].split()[-1] == "PASS", out
     assert "training step" in out, out
