@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .device import backend_for
+
 
 # -- the model -----------------------------------------------------------------------------------------------
 # Written out by hand (no nn.MultiheadAttention, no SDPA) so that everything it does goes through ember's
@@ -115,8 +117,7 @@ arguments. Another backend's failure prints its row as "failed: <reason>" and do
 
 def interpreted(device: str) -> bool:
     """Whether ember's kernels run in the Triton interpreter (slow: correctness, not speed)."""
-    import ember
-    return device == "cpu" and ember.config.cpu_backend == "triton"
+    return backend_for(device).interpreted
 
 
 @dataclasses.dataclass
