@@ -8,9 +8,9 @@ if "TRITON_INTERPRET" not in _os.environ and "triton" not in _sys.modules:
     import torch as _torch
     if not _torch.cuda.is_available():
         _os.environ["TRITON_INTERPRET"] = "1"
-from . import codegen as _codegen  # noqa: F401  registers the built-in kernel backends
-from . import metrics
 from .config import config
+from . import metrics
+from . import codegen as _codegen  # noqa: F401  registers the built-in kernel backends
 from .compile_graph import EmberCompileError, compile_graph
 from .dynamo import ember_backend as backend
 

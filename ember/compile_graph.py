@@ -10,7 +10,9 @@
 """
 from __future__ import annotations
 
+import os
 import time
+import traceback
 import warnings
 from typing import Callable
 
@@ -18,9 +20,19 @@ import torch
 import torch.fx
 
 from . import config, metrics, state
+from .codegen.program import ProgramBuilder
+from .codegen.wrapper.device_guard import guard_current_device
+from .codegen.wrapper.fx import compile_fx
+from .codegen.wrapper.lines import CallExtern
+from .codegen.wrapper.python import compile_python
 from .device import check_backend_settings
 from .debug.dump import DebugDump
 from .debug.irprint import describe_buffers, describe_groups
+from .graph import decompose as decomp
+from .graph.passes import post_grad
+from .ir.symbolic import hint
+from .lowering.graph_lowering import GraphLowering
+from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
 
 # every lowering registers (and tells graph/decompose.py which ops it lowers) before anything asks for the
@@ -75,8 +87,6 @@ def _eager(gm: torch.fx.GraphModule):
 
 def _where(e: BaseException) -> str:
     """' (at ember/x.py:12 in f)' for the innermost ember frame of the error, for bug reports."""
-    import os
-    import traceback
     c = e
     while getattr(c, "cause", None) is not None or c.__cause__ is not None:
         c = getattr(c, "cause", None) or c.__cause__
@@ -111,13 +121,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
 
 
 def _compile(gm, example_inputs, kind) -> CompiledGraph:
-    from .codegen.wrapper.device_guard import guard_current_device
-    from .codegen.program import ProgramBuilder
-    from .codegen.wrapper.python import compile_python
-    from .graph import decompose as decomp
-    from .graph.passes import post_grad
-    from .lowering.graph_lowering import GraphLowering
-    from .schedule.fusion import Fusion, build_nodes
 
     config.validate()
     check_backend_settings()
@@ -142,7 +145,6 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
         builder = ProgramBuilder(lowering, groups)
         program = builder.build()
     if config.wrapper == "fx":
-        from .codegen.wrapper.fx import compile_fx
         fn, source = compile_fx(program)
     else:
         fn, source = compile_python(program)
@@ -157,7 +159,6 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     metrics.generated_kernel_count += builder.kernel_count
     dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"
                               f"kernels: {builder.kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
-    from .codegen.wrapper.lines import CallExtern
     calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
     return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels, calls_aten)
 
@@ -179,7 +180,6 @@ def _placeholder_values(gm, example_inputs):
 
 def _nbytes(lowering):
     def nbytes(name: str) -> int:
-        from .ir.symbolic import hint
         try:
             buf = lowering.get_buffer(name)
             return int(hint(buf.layout.storage_size())) * buf.layout.dtype.itemsize

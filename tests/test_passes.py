@@ -354,10 +354,9 @@ def test_casts_to_the_dtype_a_value_has_are_removed():
 def test_softmax_statistics_pattern_keeps_the_dim_and_leaves_narrow_rows(monkeypatch, dim):
     """post_grad.online_softmax_stats: softmax's max and sum of exp over any one dim become
     ember::softmax_stats over that dim; float16 rows (which the decompositions upcast first) are left."""
-    from ember.codegen import backends
     from ember.graph.decompose import decomposition_table
     from ember.graph.passes.post_grad import online_softmax_stats
-    monkeypatch.setattr(backends, "reads_rows_online", lambda device: True)
+    monkeypatch.setattr(backend_for("cpu"), "reads_rows_online", True)
 
     def f(x, y):
         return torch.ops.aten._softmax(x, dim, False), torch.amax(y, dim, keepdim=True) + \

@@ -14,6 +14,7 @@ import torch
 from ...device import KernelBackend
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..kernel import ArgRegistry
+from ...schedule.fusion import FusedGroup
 from ...schedule.tiling import choose_tiling
 from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
 from .build import load_cpp_kernels
@@ -34,7 +35,6 @@ def _plan(group) -> tuple:
 def _independent_parts(group, awkward: int) -> list:
     """Sub-groups of a pointwise group to generate as separate loop nests, or [] to keep it whole: only
     when no node reads what another writes, and splitting leaves fewer gathers."""
-    from ...schedule.fusion import FusedGroup
     nodes = group.nodes
     if awkward == 0 or group.is_reduction() or len(nodes) < 2:
         return []

@@ -7,6 +7,7 @@ import dataclasses
 import sympy
 
 from ...ir.symbolic import hint, is_static
+from ...schedule.nodes import RINDEX, canonical
 
 
 # Scans whose scanned dim fits this many elements hold it whole (one tl.associative_scan per row); longer
@@ -129,7 +130,6 @@ def _read_indices(kernel) -> list:
     heuristics below ask several times while a kernel is generated and tuned)."""
     cached = kernel.__dict__.get("_heuristics_read_indices")
     if cached is None:
-        from ...schedule.nodes import canonical
         cached = [sympy.expand(canonical(d.index, n.flat_vars(kernel.group), kernel.group))
                   for n in kernel.nodes for d in n.read_deps]
         kernel.__dict__["_heuristics_read_indices"] = cached
@@ -138,7 +138,6 @@ def _read_indices(kernel) -> list:
 
 def _reads_rows_contiguously(kernel) -> bool:
     """Do the kernel's loads walk memory along rindex (stride 1)? Then rows go one per program."""
-    from ...schedule.nodes import RINDEX
     for e in _read_indices(kernel):
         if RINDEX in e.free_symbols:
             return e.coeff(RINDEX) == 1

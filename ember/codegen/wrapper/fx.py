@@ -319,7 +319,6 @@ class FxWrapper:
 
 def compile_fx(program: WrapperProgram, wrapper_class=None):
     """-> (boxed callable, the rendered graph's Python code): compile_python's counterpart."""
-    from ... import config
     cls = wrapper_class or config.fx_wrapper_class or FxWrapper
     fn = cls().compile(program)
     return fn, fn.gm.code
