@@ -212,6 +212,7 @@ def _splice(gm: torch.fx.GraphModule, match: InternalMatch, search: torch.fx.Gra
     """Put a copy of the replacement graph in place of one match; returns the nodes added. `replaced` maps
     the values earlier matches returned to their replacements (a later match may read them)."""
     graph = gm.graph
+    trace = next((n.meta["stack_trace"] for n in match.returning_nodes if n.meta.get("stack_trace")), None)
     inputs = [replaced.get(v, v) if isinstance(v, torch.fx.Node) else v for v in match.placeholder_nodes]
     val_map = dict(zip(_placeholders(replace), inputs))
     # before the first reader of a returned value: every input of the match is defined by then
@@ -227,6 +228,10 @@ def _splice(gm: torch.fx.GraphModule, match: InternalMatch, search: torch.fx.Gra
         if node.op not in ("placeholder", "output"):
             graph.erase_node(match.nodes_map[node])
     new_nodes = [n for p, n in val_map.items() if p.op != "placeholder"]
+    # the user's source line of what was replaced stays with its replacement (error messages, debug dumps)
+    for n in new_nodes:
+        if trace is not None:
+            n.meta.setdefault("stack_trace", trace)
     _copy_constants(gm, replace, new_nodes)
     return new_nodes
 
