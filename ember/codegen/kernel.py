@@ -55,6 +55,27 @@ class OpSpelling:
         return self._value(expr, dtype, "scalar" if kind == "const" else kind, vals,
                            op is not None and op.is_costly(dtype))
 
+    # logical ops compare with zero in every language; a backend names its operators for and, or, xor
+    logical_symbols: dict = {}
+
+    def isnan(self, x):
+        return self._op("isnan", f"({x} != {x})", x)
+
+    def logical_not(self, x):
+        return self._op("logical_not", f"({x} == 0)", x)
+
+    def _logical(self, name, a, b):
+        return self._op(name, f"(({a} != 0) {self.logical_symbols[name]} ({b} != 0))", a, b)
+
+    def logical_and(self, a, b):
+        return self._logical("logical_and", a, b)
+
+    def logical_or(self, a, b):
+        return self._logical("logical_or", a, b)
+
+    def logical_xor(self, a, b):
+        return self._logical("logical_xor", a, b)
+
 
 class IndexPrinter(StrPrinter):
     """Prints index arithmetic with integer semantics; all operands are non-negative."""

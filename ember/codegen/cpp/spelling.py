@@ -113,6 +113,8 @@ def _is_int(dtype) -> bool:
 
 class CppSpelling(OpSpelling):
     """Mixin: needs `self._value(expr, dtype, kind, operands, costly)` (codegen.kernel.OpSpelling)."""
+    logical_symbols = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}
+
 
     def constant(self, value, dtype) -> KValue:
         # a narrow-float constant stays a float: eager applies Python scalars in float32 math too
@@ -218,33 +220,16 @@ class CppSpelling(OpSpelling):
         # stops with an internal compiler error; copysign moves the sign bit, a NaN's included
         return self._op("signbit", f"(std::copysign(static_cast<{ctype(x.dtype)}>(1), {x}) < 0)", x)
 
-    def isnan(self, x):
-        return self._op("isnan", f"({x} != {x})", x)
-
     def isinf(self, x):
         if not x.dtype.is_floating_point:
             return self.constant(False, torch.bool)
         return self._op("isinf", f"std::isinf({x})", x)
-
-    def logical_not(self, x):
-        return self._op("logical_not", f"({x} == 0)", x)
 
     def bitwise_not(self, x):
         if x.dtype == torch.bool:
             return self.logical_not(x)
         return self._op("bitwise_not", f"static_cast<{ctype(x.dtype)}>(~{x})", x)
 
-    def _logical(self, name, sym, a, b):
-        return self._op(name, f"(({a} != 0) {sym} ({b} != 0))", a, b)
-
-    def logical_and(self, a, b):
-        return self._logical("logical_and", "&&", a, b)
-
-    def logical_or(self, a, b):
-        return self._logical("logical_or", "||", a, b)
-
-    def logical_xor(self, a, b):
-        return self._logical("logical_xor", "!=", a, b)
 
 
 class CppExprs(ExprBuilder):

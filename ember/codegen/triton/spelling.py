@@ -63,6 +63,8 @@ def _is_int(dtype) -> bool:
 
 class TritonSpelling(OpSpelling):
     """Mixin: needs `self._value(expr, dtype, kind, operands, costly)` (codegen.kernel.OpSpelling)."""
+    logical_symbols = {"logical_and": "&", "logical_or": "|", "logical_xor": "^"}
+
 
     # set once the kernel computes an op the op table calls transcendental: its launch config then gives
     # each thread more elements (heuristics.launch_config)
@@ -157,29 +159,12 @@ class TritonSpelling(OpSpelling):
             return self._op("signbit", f"({x} < 0)", x)
         return self._op("signbit", f"(libdevice.signbit({x}) != 0)", x)
 
-    def isnan(self, x):
-        return self._op("isnan", f"({x} != {x})", x)
-
     def isinf(self, x):
         return self._op("isinf", f"(tl.abs({x}) == float(\"inf\"))", x)
-
-    def logical_not(self, x):
-        return self._op("logical_not", f"({x} == 0)", x)
 
     def bitwise_not(self, x):
         return self._op("bitwise_not", f"(~{x})", x)
 
-    def _logical(self, name, sym, a, b):
-        return self._op(name, f"(({a} != 0) {sym} ({b} != 0))", a, b)
-
-    def logical_and(self, a, b):
-        return self._logical("logical_and", "&", a, b)
-
-    def logical_or(self, a, b):
-        return self._logical("logical_or", "|", a, b)
-
-    def logical_xor(self, a, b):
-        return self._logical("logical_xor", "^", a, b)
 
 
 class TritonExprs(ExprBuilder):
