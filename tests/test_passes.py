@@ -469,7 +469,7 @@ def test_padded_operands_are_shared_and_padded_in_storage_order(device, monkeypa
 def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monkeypatch):
     """GPT-2's LM head in training: the logits, a reshaped view of the padded product sliced back, are
     returned and saved for the backward graph, which was compiled for eager's dense strides. Returned
-    with the padded row stride instead (session 9), the gradients came out wrong."""
+    with the padded row stride instead, the gradients come out wrong."""
     _force_padding(monkeypatch, device)
     B, S, H, V = 2, 48, 64, 1001
 

@@ -96,15 +96,15 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 # reduced along a strided dim (the columns of a row-major matrix, a LayerNorm weight's gradient over the
 # batch). Such a reduction runs in two kernels: the first reduces chunks of each row into partial rows,
 # the second reduces the partials. How few rows and how many partials is the kernel backend's call
-# (KernelBackend.reduction_split_rows). Measured on an H100 (session 6): ConvNeXt's LayerNorm weight
-# gradients, 96 rows of 50176 read along columns, took 1.0-1.3 ms unsplit (3 programs).
+# (KernelBackend.reduction_split_rows). ConvNeXt's LayerNorm weight gradients, 96 rows of 50176 read along
+# columns, are 3 programs unsplit (docs/performance.md, "Reductions are split only where the backend gains").
 _SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 # elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
-# BERT's) was split into three kernels (GPT-2 inference went from 41 kernels to 104)
+# BERT's) would split into three kernels (GPT-2 inference: 104 kernels instead of 41)
 SPLIT_MIN_CHUNK = 512
 # ... where the rows are reduced along a strided dim (the last dim is kept): a bias gradient's column sum over
-# 2048 tokens and 768 columns took 3.6 us in chunks of 256, 7.3 in chunks of 512, inductor 4.4 (H200,
-# scripts/column_sum_probe.py, session 12)
+# 2048 tokens and 768 columns runs about twice as fast in chunks of 256 as in chunks of 512
+# (docs/performance.md; `python -m experiments.column_sum_probe`)
 SPLIT_MIN_CHUNK_STRIDED = 128
 SPLIT_MIN_ELEMENTS = 1 << 18
 

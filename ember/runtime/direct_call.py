@@ -1,8 +1,8 @@
 """Calling an inference graph without AOTAutograd's runtime wrapper, when that wrapper has nothing to do.
 
 Every call of a graph that AOTAutograd compiled passes through its runtime wrapper (two `disable` layers,
-the wrapper's prologue and epilogue, output-list normalisation): about a third of a one-kernel graph's
-host time on the machines we measure (`benchmarks/overhead.py --layers`). For an inference graph the
+the wrapper's prologue and epilogue, output-list normalisation): a sizeable share of a one-kernel graph's
+host time (docs/performance.md, "Host time per call": `benchmarks/overhead.py --layers`). For an inference graph the
 wrapper's work is fixed when the graph is compiled, and its metadata (`ViewAndMutationMeta`) says what it
 is. When no input is mutated, no output aliases an input or an intermediate, no tensor subclass, effect
 token or functionalized RNG state is involved and the graph's inputs are exactly the ones Dynamo passes,

@@ -1,9 +1,9 @@
 """Launching a compiled Triton kernel with less host work than `kernel[grid](...)`.
 
 Triton's JIT launch binds the arguments, computes a specialization key, looks the binary up, builds
-launch metadata and queries the current device and stream on every call: ~10-20 us of host time on the
-GPU machines we measure on, paid once per kernel per step, and the whole cost of small kernels (a
-memory-bound kernel over 268 MB runs for ~65 us). `Launcher` pays it once per distinct specialization:
+launch metadata and queries the current device and stream on every call: more host time than a small
+kernel runs, paid once per kernel per step (docs/performance.md, "One launch, piece by piece";
+`python -m experiments.launch_probe`). `Launcher` pays it once per distinct specialization:
 the first call goes through the JIT, which returns the compiled kernel; later calls with the same
 specialization call a launch function remembered for it: torch's C launcher given the compiled function
 (runtime/static_launch.py), or the compiled kernel's own launcher (`CompiledKernel.run`). The path from
@@ -14,9 +14,8 @@ loaded per device), each tensor's dtype and whether its address is 16-byte align
 pointers on that), every other argument's exact value (Triton specializes integers on ==1, divisibility
 by 16 and width; keying on the value is stricter), the grid's rank and the launch meta (block sizes,
 warps). A launch hook (a profiler such as proton) or an unknown calling convention sends every launch
-through the JIT, as before. (Until session 6 every launch did: Triton >= 3.4 keeps an empty HookChain where
-older versions kept None, and that read as "a hook is set". Measured on an H100, Triton 3.6: 12.8 us per
-JIT launch.)
+through the JIT, as a first call does. A hook counts as set only when it would run something: Triton >= 3.4 keeps an
+empty HookChain where older versions keep None (`_hook_test`).
 """
 from __future__ import annotations
 
@@ -72,7 +71,8 @@ def _hot_path(launcher: "Launcher", n_args: int, tensor_pos) -> Callable:
     """launch(grid, args, meta) for calls of n_args positional arguments, generated once: the hook test, then
     the specialization key inline (each tensor's dtype and 16-byte alignment, every other argument
     itself, the grid's rank, the meta) and the launch function remembered for it. One frame a launch: a
-    Python genexpr for the key cost ~1.5 us, a key function and a hook probe ~0.5 us more."""
+    Python genexpr for the key, or a key function and a hook probe of their own, would each add frames of
+    host time to every launch (docs/performance.md, "Host time per call")."""
     parts = []
     for i in range(n_args):
         parts += [f"a[{i}].dtype", f"not a[{i}].data_ptr() & 15"] if i in tensor_pos else [f"a[{i}]"]

@@ -2,10 +2,11 @@
 
 Triton's own launcher for a compiled kernel (`CompiledKernel.run`) is a Python function that looks up
 scratch allocators and builds closures on every call, then a C function that parses the arguments by
-the kernel's signature and asks the driver about every pointer: ~4.5 us of host time per launch on the
-GPU machines we measure on. torch ships a C launcher that takes the loaded function handle, the block
-shape and a type string, and parses plain integers; what it needs is fixed once a kernel is compiled,
-so `static_launch(kernel, ...)` derives it once and returns `go(grid, stream, args)`.
+the kernel's signature and asks the driver about every pointer, all host time on every launch
+(docs/performance.md, "One launch, piece by piece"). torch ships a C launcher that takes the loaded
+function handle, the block shape and a type string, and parses plain integers; what it needs is fixed
+once a kernel is compiled, so `static_launch(kernel, ...)` derives it once and returns
+`go(grid, stream, args)`.
 
 The handle is Triton's own (`kernel.function`, loaded for the device the kernel was compiled on, with
 its dynamic shared memory already raised where the kernel needs it); nothing is loaded twice.

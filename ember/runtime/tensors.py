@@ -1,8 +1,8 @@
 """Allocating buffers and taking views of them with the least host time: what a wrapper does ~500 times in
 a BERT training step. torch's C entry points for exactly these jobs (in `torch._C._dynamo.guards`, public
 to compiled code since torch 2.3) skip the Python argument parser of `torch.empty_strided` and
-`torch.as_strided`: ~0.5 us instead of ~1.3 per call on the 2-core CI box. Where a torch build lacks them,
-the public functions serve.
+`torch.as_strided`, which costs a good part of each call's host time (docs/performance.md, "Host time per
+call"). Where a torch build lacks them, the public functions serve.
 
 `fast_empty_strided(device_type)` allocates on the *current* device of that type: a wrapper uses it only for
 buffers on the device that it runs with as current (codegen/wrapper/device_guard.py)."""

@@ -483,8 +483,8 @@ class CppKernel(CppSpelling, SectionedKernel):
         params = ", ".join(self.params())
         lines = []
         if self.tiled:
-            # the threaded loop nest in a function of its own: in the same function, it slowed the
-            # single-threaded nest by ~8% (GCC 12 code layout)
+            # the threaded loop nest in a function of its own: in the same function, GCC 12's code
+            # layout slows the single-threaded nest (docs/performance.md, "CPU")
             args = ", ".join(p.split()[-1] for p in self.params())
             serial, threaded = self._tiled_loop()
             lines += [f"static __attribute__((noinline)) int {self.name}_threaded({params}) {{",
@@ -566,7 +566,8 @@ class CppKernel(CppSpelling, SectionedKernel):
         inputs read along it stream row by row; threads split the outer one. A full tile has constant
         trip counts and stages float inputs with in-register block transposes; edge tiles take the
         general loops. Returns the loop nest twice, (serial, threaded): outlined into an OpenMP region,
-        this one ran 10-25% slower single-threaded (GCC 12), so one thread runs a plain copy."""
+        this one runs slower single-threaded (GCC 12's code for the outlined body; docs/performance.md, "CPU"),
+        so one thread runs a plain copy."""
         TILE_X, TILE_R = (TILE_SIMD, TILE_OUTER) if self.simd_x else (TILE_OUTER, TILE_SIMD)
         a, b = ("ember_tr", "ember_tx") if self.simd_x else ("ember_tx", "ember_tr")
         outer, simd = ((TILE_R, TILE_X) if self.simd_x else (TILE_X, TILE_R))

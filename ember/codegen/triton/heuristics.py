@@ -59,10 +59,10 @@ def needs_int64(nodes, graph) -> bool:
 
 
 # A large pointwise kernel computing exp, erf, sin, ... (ops the op table calls transcendental: the kernel
-# is math_heavy) on 16-bit floats is bound by its arithmetic as much as by memory: 16 elements per thread (4096 at 8 warps, two 16-byte loads of each input) ran add+GELU(erf)
-# in bf16 1.1x faster than 8 (1024 at 4 warps) on an H200 (scripts/kernel_variants_probe.py, session 8). In float32 the
-# same change made sin/cos chains 3% slower (benchmarks/kernels.py chain_f32), and plain adds stream as
-# fast with either.
+# is math_heavy) on 16-bit floats is bound by its arithmetic as much as by memory: 16 elements per thread
+# (4096 at 8 warps, two 16-byte loads of each input) run add+GELU(erf) in bf16 faster than 8 (1024 at 4
+# warps). In float32 the same change makes sin/cos chains slower (benchmarks/kernels.py chain_f32), and
+# plain adds stream as fast with either (docs/performance.md, "add+GELU is bound by erf's arithmetic").
 MATH_HEAVY_MIN_ELEMENTS = 1 << 22
 
 
@@ -92,15 +92,15 @@ def launch_config(kernel) -> dict:
 
 
 # Launch configs of a reduction that loops along a strided dim, (columns, rows, warps) per program, best
-# first. Measured on an H200 (session 8, scripts/column_reduction_probe.py: column sums, LayerNorm-style weight
-# gradients, column softmax): few columns and many rows per step ran at 50-96% of copy, where the earlier
-# (64, 32, 8) ran at 20-48%: a program per 16 columns keeps 4x more programs in flight, and 4096 elements a
-# step keep each one's loads long enough.
+# first. Few columns and many rows per step run much closer to copy than (64, 32, 8) on column sums,
+# LayerNorm-style weight gradients and column softmax (docs/performance.md, "Strided (column) reductions
+# need their own launch configs"; `python -m experiments.column_reduction_probe`): a program per 16 columns
+# keeps 4x more programs in flight, and 4096 elements a step keep each one's loads long enough.
 LOOPED_COLUMN_CONFIGS = ((16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8))
 # Never launched for a strided reduction, even where a short row clamps (64, 64, 8) to it: ConvNeXt's
-# LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) faulted
-# with "misaligned address" there on an H100 and an H200 (Triton 3.6), reproduced standalone by
-# scripts/triton_misaligned_repro.py; every other config we time runs and is right. A CUDA fault ends the
+# LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) fault
+# with "misaligned address" there under Triton 3.6 on H100 and H200 GPUs, reproduced standalone by
+# experiments/triton_misaligned_repro.py; every other config we time runs and is right. A CUDA fault ends the
 # process, so the autotuner cannot just skip it.
 FAULTING_COLUMN_CONFIG = (64, 32, 8)
 
@@ -164,9 +164,10 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
         cands = _persistent_candidates(X, best["RBLOCK"], kernel.has_scan)
     elif _reads_rows_contiguously(kernel):
         # (rows, chunk, warps, RSTAGES). Software-pipelined row loops: cross-entropy's row statistics (4096 x
-        # 32000 bf16) ran at 77.6% of copy with three chunks' loads in flight where the same loop without
-        # reached 73.9%; two stages were slower than one (H200, Triton 3.6, scripts/cross_entropy_probe.py,
-        # session 10). Candidates, not the default: the autotuner keeps them where they win.
+        # 32000 bf16) run faster with three chunks' loads in flight than without, and two stages slower than
+        # one (docs/performance.md, "Cross-entropy's statistics read each row once";
+        # `python -m experiments.cross_entropy_probe`). Candidates, not the default: the autotuner keeps them
+        # where they win.
         shapes = ((1, 4096, 8, 3), (1, 1024, 4, 3), (1, 2048, 8, 3), (1, 4096, 8, 1), (1, 1024, 4, 1),
                   (1, 2048, 8, 1), (2, 1024, 8, 1)) if kernel.loop_pipelinable() else \
             ((1, 1024, 4, 1), (1, 2048, 8, 1), (1, 4096, 8, 1), (1, 4096, 16, 1), (2, 1024, 8, 1), (4, 512, 8, 1))

@@ -275,8 +275,9 @@ class TritonKernel(TritonSpelling, SectionedKernel):
         (reduction_steps.softmax_stats_shared_max_step): each step takes the block's max (one reduction
         across the program's threads), rescales the lanes' sums once if the row's max grew (one exp per
         row) and adds exp(v - max) (one exp per element); the lanes share the row's max, so they merge by
-        a plain sum. A per-lane running max instead costs ~17 operations per element, and on an H200 this
-        ran 1.2x faster (scripts/kernel_variants_probe.py: cross-entropy over 32000 classes)."""
+        a plain sum. A per-lane running max instead costs ~17 operations per element; the shared max runs
+        faster (docs/performance.md, "Cross-entropy's statistics read each row once";
+        `python -m experiments.kernel_variants_probe`: cross-entropy over 32000 classes)."""
         sec = self.section
         tt = triton_type(dtype)
         m0, s0 = REDUCTIONS["online_softmax"].identity(dtype)

@@ -98,7 +98,8 @@ class TritonSpelling(OpSpelling):
         return self._op("where", f"tl.where({cond}, {a}, {b})", cond, a, b)
 
     def erf(self, x: KValue) -> KValue:
-        # float32: a branchless polynomial (helpers.erf_f32); libdevice's erff cost add+GELU 1.2x on an H200
+        # float32: a branchless polynomial (helpers.erf_f32); libdevice's erff makes add+GELU slower
+        # (docs/performance.md, "add+GELU is bound by erf's arithmetic")
         fn = "helpers.erf_f32" if x.dtype == torch.float32 else "libdevice.erf"
         return self._op("erf", f"{fn}({x})", x)
 

@@ -173,17 +173,19 @@ unfuse_bias_addmm = Pattern(_addmm, _mm_then_bias, [torch.randn(8), torch.randn(
 # A matmul below this many multiply-adds keeps its sizes: the padded copies would cost about what the
 # misaligned GEMM loses
 PAD_MATMUL_MIN_MACS = 2 ** 31
-# 16-bit floats only: a padded float32 GEMM on an H200 (torch 2.11, cuBLAS of CUDA 13) came out with a
-# relative error of ~5e-4, TF32's size, where the unpadded one had float32's (tests/test_passes.py on the
-# GPU): a cuBLAS choice we do not control, so float32 keeps its sizes
+# 16-bit floats only: cuBLAS may run a padded float32 GEMM with TF32-sized relative error (~5e-4) where the
+# unpadded one has float32's (docs/performance.md; tests/test_passes.py on the GPU): a cuBLAS choice we do
+# not control, so float32 keeps its sizes
 _PADDED_MATMUL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     """A large mm/addmm whose M, K or N is not a multiple of the device's matmul alignment
     (KernelBackend.matmul_alignment) runs on zero-padded operands and its result is sliced back:
-    zeros added along K add nothing, rows or columns added along M or N are sliced off. On an H200,
-    GPT-2's LM head (N = 50257) went from 3.3 ms to the aligned GEMM's ~0.45 ms plus the copies.
+    zeros added along K add nothing, rows or columns added along M or N are sliced off. cuBLAS runs
+    misaligned leading dimensions with slow kernels: GPT-2's LM head (N = 50257) takes several times the
+    aligned GEMM's time plus the copies (docs/performance.md, "cuBLAS runs misaligned leading dimensions
+    slowly").
 
     The pads are ember's pointwise kernels. An operand computed in the graph is padded where it is
     computed, and its other readers read the padded tensor sliced back: its producer then writes the
@@ -192,8 +194,8 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     A result padded along N that a forward graph returns must come out dense (the backward reads saved
     outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole padded product
     sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
-    padded row stride, as inductor does: no copy, no chunks (GPT-2's logits: 2.6 ms per step where the
-    row chunks took 4.1-5.3 back to back, scripts/host_profile.py)."""
+    padded row stride, as inductor does: no copy, no chunks (row chunks run back to back and cost more
+    than the whole product: docs/performance.md; `python -m scripts.profile_model gpt2 infer --view host`)."""
     padder = _MatmulPadder(gm.graph, inference=gm.meta.get(GRAPH_KIND) == "inference")
     for n in list(gm.graph.nodes):
         sizes = _misaligned_matmul(n)
