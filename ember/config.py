@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 
 def _env_bool(name: str, default: bool) -> bool:
