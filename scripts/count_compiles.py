@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import ember
 from ember.codegen.triton.backend import TritonBackend
+from ember.device import backend_for
 from benchmarks import models
 from ember.dynamo import _partition
 from ember.graph.decompose import decomposition_table
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", choices=models.MODELS + ["mlp"])
     ap.add_argument("--batch", type=int, default=None, help="default: the training benchmark's (16 images, 4 x 512 tokens)")
     a = ap.parse_args(argv)
-    if ember.config.cpu_backend != "triton" or os.environ.get("TRITON_INTERPRET") != "1":
+    if not isinstance(backend_for("cpu"), TritonBackend) or os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with EMBER_CPU_BACKEND=triton TRITON_INTERPRET=1 (the Triton backend, on fake CPU tensors)")
     _count_as_on_a_gpu()
     ember.config.wrapper = "python"     # definitions are counted where the Python wrapper loads its kernels
