@@ -12,11 +12,12 @@ from .config import config
 from . import metrics
 from . import codegen as _codegen  # noqa: F401  registers the built-in kernel backends
 from .compile_graph import EmberCompileError, compile_graph
+from .runtime.checks import EmberNanError
 from .dynamo import ember_backend as backend
 
 from .dynamo import register as _register
 
 _register()
 
-__all__ = ["backend", "compile_graph", "config", "metrics", "EmberCompileError"]
+__all__ = ["backend", "compile_graph", "config", "metrics", "EmberCompileError", "EmberNanError"]
 __version__ = "0.1.0"

@@ -30,6 +30,11 @@ class Config:
     # Synchronize the GPU after every kernel and extern call of the Python wrapper and name the call that
     # left an error: a CUDA fault otherwise surfaces at some later launch or copy (slow; for hunting faults).
     debug_sync: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DEBUG_SYNC", False))
+    # Check every floating output of every kernel and extern call for NaN and Inf as it is written (one
+    # device reduction and sync per call) and raise EmberNanError naming the first call that made one, its
+    # FX nodes and the user's source line. Graph inputs are not checked, nor graph inputs a call updates in
+    # place; an op whose eager result holds NaN (log of a negative number) raises too. Nothing is emitted when off.
+    check_nans: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_NANS", False))
     # Kernel backend for CPU tensors: "cpp" (C++/OpenMP, built with the system compiler) or "triton"
     # (Triton kernels in Triton's interpreter: slow, for testing the Triton code path without a GPU).
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "cpp"))

@@ -3,6 +3,8 @@ frees after last use, extern calls, views and the returned values."""
 from __future__ import annotations
 
 
+import dataclasses
+
 import sympy
 import torch
 
@@ -14,6 +16,7 @@ from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from ..device import backend_for
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
+from .nan_checks import ValueOrigins
 from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Free, MultiOutputLine, Name, Return, Reuse,
                             SymbolDef, View, WrapperProgram)
 
@@ -33,6 +36,8 @@ class ProgramBuilder:
         self.dying: set = set()      # buffers read for the last time by the kernel being generated
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
+        # config.check_nans: where each value comes from, for the checks after each call (None when off)
+        self.origins = ValueOrigins(lowering) if config.check_nans else None
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -140,7 +145,11 @@ class ProgramBuilder:
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)
-        self.lines.append(gen.call)
+        call = gen.call
+        if self.origins is not None:
+            # a copy: a relaunched kernel's later calls share gen.call's definition, not what it writes
+            call = dataclasses.replace(call, check=self.origins.kernel_check(call, group, gen.stored))
+        self.lines.append(call)
 
     def _arg(self, a):
         if isinstance(a, ReinterpretView):
@@ -171,7 +180,10 @@ class ProgramBuilder:
         args = [self._arg(a) for a in buf.args]
         kwargs = {k: self._arg(v) for k, v in buf.kwargs.items()}
         self.allocated.add(buf.get_name())
-        self.lines.append(CallExtern(buf.get_name(), buf.op, args, kwargs))
+        call = CallExtern(buf.get_name(), buf.op, args, kwargs)
+        if self.origins is not None:
+            call.check = self.origins.extern_check(call, buf)
+        self.lines.append(call)
         # the views made for this call's arguments serve it alone: dropped now, they stop holding their
         # base's memory alive after the base itself is freed
         if self.views >= first_view:

@@ -61,3 +61,38 @@ def debug_sync(what: str) -> None:
     except Exception as e:
         raise RuntimeError(f"ember debug_sync: the GPU reported an error right after {what}: {e}") from e
 
+
+
+class EmberNanError(RuntimeError):
+    """config.check_nans: a kernel or extern call wrote NaN or Inf. Never turned into the eager fallback
+    of config.fallback_on_error: the graph ran, and eager would compute the same values."""
+
+
+def _tensors(value, where: str):
+    """(tensor, where) for each floating tensor in an output (an extern may return a tuple or list)."""
+    if isinstance(value, torch.Tensor):
+        if (value.is_floating_point() or value.is_complex()) and value.numel() > 0:
+            yield value, where
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _tensors(v, f"element {i} of {where}")
+
+
+def check_finite(what: str, values: list, origins: list, reads: dict | None = None) -> None:
+    """config.check_nans: raise EmberNanError if any of `values` (what the call `what` just wrote, each
+    described by its entry of `origins`) holds NaN or Inf. One reduction per value on the device and one
+    synchronization for the call; `reads`, the tensors the call read, are looked at only to explain a failure."""
+    found = [(t, where) for v, o in zip(values, origins) for t, where in _tensors(v, o)]
+    if not found:
+        return
+    finite = [torch.isfinite(t).all() for t, _ in found]
+    if bool(torch.stack(finite).all() if len(finite) > 1 else finite[0]):
+        return
+    t, where = next(f for ok, f in zip(finite, found) if not bool(ok))
+    nans, infs = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    msg = f"ember check_nans: {what} wrote {nans} NaN and {infs} Inf (of {t.numel()} values) to {where}"
+    held = [name for name, r in (reads or {}).items()
+            if any(not bool(torch.isfinite(x).all()) for x, _ in _tensors(r, name))]
+    if held:
+        msg += f"; what it read held NaN or Inf already: {', '.join(held)}"
+    raise EmberNanError(msg)

@@ -14,6 +14,9 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     MultiOutputLine  operator.getitem
     View             torch.as_strided
     Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
+
+After each device call, debug_sync(label) with config.debug_sync, and with config.check_nans
+check_finite(what, values, origins, reads) on the values the call wrote (the line's FiniteCheck).
     Return           the output node
 
 Kernels write their outputs in place and return None, so nothing uses a launch node's value:
@@ -41,6 +44,7 @@ from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free
 
 
 debug_sync = has_side_effect(checks.debug_sync)
+check_finite = has_side_effect(checks.check_finite)
 
 
 @has_side_effect
@@ -96,6 +100,11 @@ class FxRenderer:
             label = device_call_label(ln) if sync else None
             if label is not None:
                 self.graph.call_function(debug_sync, (label,))
+            check = getattr(ln, "check", None)         # config.check_nans
+            if check is not None:
+                values = [self.lookup(n) for n in check.names]
+                reads = {n: self.lookup(n) for n in check.reads}
+                self.graph.call_function(check_finite, (check.what, values, list(check.origins), reads))
         self.graph.lint()
         gm = torch.fx.GraphModule(self.attrs, self.graph, class_name="EmberWrapper")
         return gm

@@ -67,12 +67,22 @@ class DefineKernel:
     signature: Optional[KernelSignature] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class FiniteCheck:
+    """config.check_nans: the values a device call writes, checked for NaN and Inf right after it."""
+    what: str            # the call and the FX nodes it computes: "kernel3 (fx nodes: add_1, exp)"
+    names: tuple         # the wrapper names bound to the values
+    origins: tuple       # per value: its FX node and the user's source line, as the error quotes them
+    reads: tuple = ()    # the wrapper names of the tensors the call reads: the error says which held NaN or Inf
+
+
 @dataclasses.dataclass
 class CallKernel:
     name: str
     args: list           # Names and sympy expressions
     grid: Optional[list]  # sympy expressions; None for a kernel with `tuning`, whose grid follows its config
     meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps (empty with `tuning`)
+    check: Optional[FiniteCheck] = None     # set by the program builder with config.check_nans
 
 
 @dataclasses.dataclass
@@ -81,6 +91,7 @@ class CallExtern:
     op: Any              # a torch OpOverload
     args: list
     kwargs: dict
+    check: Optional[FiniteCheck] = None     # set by the program builder with config.check_nans
 
 
 def device_call_label(ln) -> Optional[str]:

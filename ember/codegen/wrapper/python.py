@@ -7,7 +7,7 @@ import sympy
 import torch
 
 from ... import config
-from ...runtime.checks import check_layout, conform_layout, debug_sync
+from ...runtime.checks import check_finite, check_layout, conform_layout, debug_sync
 from ...runtime.loader import load_module
 from ...runtime.tensors import fast_empty_strided, reinterpret
 from .device_guard import guarded_device_index
@@ -21,7 +21,8 @@ class PythonWrapper:
         self.program = program
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                         "as_strided": reinterpret, "check_layout": check_layout,
-                                        "conform_layout": conform_layout, "debug_sync": debug_sync}
+                                        "conform_layout": conform_layout, "debug_sync": debug_sync,
+                                        "check_finite": check_finite}
         self._ids: dict[int, str] = {}
         # buffers on the device the program runs with as current, and on the CPU, are allocated by torch's
         # C allocator entry (runtime/tensors.py): no device argument to parse
@@ -78,6 +79,11 @@ class PythonWrapper:
             label = device_call_label(line) if sync else None
             if label is not None:
                 body.append(f"debug_sync({label!r})")
+            check = getattr(line, "check", None)       # config.check_nans
+            if check is not None:
+                reads = ", ".join(f"{n!r}: {n}" for n in check.reads)
+                body.append(f"check_finite({check.what!r}, [{', '.join(check.names)}], {list(check.origins)!r}, "
+                            f"{{{reads}}})")
         out += ["    " + ln for ln in body]
         return "\n".join(out) + "\n"
 
