@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..ir.nodes import Buffer, ExternKernel, TensorBox
-from ..lowering.graph_lowering import _user_source_line
+from ..lowering.graph_lowering import user_source_line
 from .wrapper.lines import CallExtern, CallKernel, FiniteCheck, Name, device_call_label
 
 
@@ -36,7 +36,7 @@ class ValueOrigins:
         node = self.fx_node(buf)
         if node is None:
             return name
-        where = _user_source_line(node)
+        where = user_source_line(node)
         return f"{name} (FX node {node.name}" + (f", from user code: {where})" if where else ")")
 
     def _computed_by_ember(self, buf: Buffer) -> bool:

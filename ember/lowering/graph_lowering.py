@@ -30,12 +30,12 @@ aten = torch.ops.aten
 class LoweringError(RuntimeError):
     def __init__(self, node: torch.fx.Node, cause: BaseException):
         self.node, self.cause = node, cause
-        where = _user_source_line(node)
+        where = user_source_line(node)
         super().__init__(f"ember could not lower {node.format_node()} "
                          f"({type(cause).__name__}: {cause})" + (f"\n  from user code: {where}" if where else ""))
 
 
-def _user_source_line(node: torch.fx.Node) -> str:
+def user_source_line(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
     # stack traces end with: File "...", line N, in fn \n <source line>
