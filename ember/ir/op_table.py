@@ -13,9 +13,8 @@ constant): arity, result-dtype rule, cost class.
              `int8_tensor + 1` stays int8 and `int_tensor * 0.5` becomes float
     FLOAT    PROMOTE, then an integer or bool result becomes float32 (truediv, pow, exp, sqrt ...)
     BOOL     bool (comparisons, logical ops, isnan ...)
-    CAST     the requested dtype (to_dtype, constant)
-  Every result is a compute dtype (`compute_dtype`): values of float16/bfloat16 tensors are float32
-  inside kernels.
+    CAST     the compute dtype of the requested one (to_dtype, constant): values of float16/bfloat16
+             tensors are float32 inside kernels (`compute_dtype`)
 
   Cost classes. TRANSCENDENTAL ops call a libm-class function (exp, log, trig, erf, lgamma, pow, fmod)
   on floats: a GPU kernel computing one on 16-bit floats is bound by arithmetic as much as by memory
@@ -149,12 +148,9 @@ class Reduction:
     combine: Optional[str]          # the IR op merging two partial results, where one op does
     arity: int                      # values in the result
     result: Optional[torch.dtype]   # the result's dtype, None: the reduction's own `dtype`
-    _identity: Callable = None      # accumulator dtype -> the accumulators' starting value(s)
-
-    def identity(self, dtype: torch.dtype):
-        """The value(s) the accumulators of a `dtype` reduction start from, that merging leaves unchanged
-        (argmax/argmin: (value, index); welford: (mean, m2, weight); online_softmax: (max, sum))."""
-        return self._identity(dtype)
+    # accumulator dtype -> the value(s) the accumulators start from, which merging leaves unchanged
+    # (argmax/argmin: (value, index); welford: (mean, m2, weight); online_softmax: (max, sum))
+    identity: Callable
 
     def result_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.result or dtype
@@ -188,10 +184,10 @@ assert tuple(REDUCTIONS) == REDUCTION_TYPES
 @dataclasses.dataclass(frozen=True)
 class Scan:
     name: str
-    _identity: float
+    start: float            # the identity of the combine
 
     def identity(self, dtype: torch.dtype):
-        return typed(self._identity, dtype)
+        return typed(self.start, dtype)
 
 
 SCANS: dict[str, Scan] = {s.name: s for s in (Scan("add", 0), Scan("mul", 1), Scan("logaddexp", float("-inf")))}
