@@ -441,6 +441,10 @@ def _largest_kernel(debug_dir: str) -> tuple[str, str]:
     return best
 
 
+def _fmt_ratio(x: float) -> str:
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"     # the Triton interpreter is hundreds of times slower
+
+
 def _fmt_mb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**20:.1f} MB"
 
@@ -457,7 +461,7 @@ def table(rows: list[Row], steps: int, dtype: torch.dtype) -> str:
         lines.append((r.name,
                       "-" if r.compile_s is None else f"{r.compile_s:.1f} s",
                       f"{r.step_ms:.2f} ms",
-                      f"{eager_ms / r.step_ms:.2f}x" if eager_ms else "-",
+                      _fmt_ratio(eager_ms / r.step_ms) if eager_ms else "-",
                       _fmt_mb(r.peak_bytes),
                       r.kernels,
                       "-" if r.err is None else f"{r.err:.1e}",
@@ -480,7 +484,7 @@ def summary(rows: list[Row]) -> str:
     ember_row = next(r for r in rows if r.name == "ember")
     if ember_row.failed:
         return f"ember: failed ({ember_row.failed})"
-    parts = [f"{by[n].step_ms / ember_row.step_ms:.2f}x {n}" for n in ("eager", "inductor") if n in by]
+    parts = [f"{_fmt_ratio(by[n].step_ms / ember_row.step_ms)} {n}" for n in ("eager", "inductor") if n in by]
     text = f"ember: {', '.join(parts)} (speed, higher is faster)" if parts else "ember"
     text += f"; first call {ember_row.compile_s:.1f} s"
     if "inductor" in by:
