@@ -33,6 +33,7 @@ from .graph.passes import post_grad
 from .ir.symbolic import hint
 from .lowering.graph_lowering import GraphLowering
 from .runtime.checks import EmberNanError
+from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
 
@@ -106,13 +107,15 @@ def _warn(msg: str):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool = False,
-                  is_inference: bool = False):
+                  is_inference: bool = False, cudagraphs: bool | None = None):
     """Compile an ATen-level FX graph (forward, backward or inference). Returns a boxed callable
     (`fn(list_of_inputs) -> tuple`). If compilation fails, warns once and returns the graph itself,
-    run eagerly (ember.config.fallback_on_error=False raises instead)."""
+    run eagerly (ember.config.fallback_on_error=False raises instead). `cudagraphs` (default
+    ember.config.cudagraphs) records the compiled graph into CUDA graphs (runtime/cudagraphs.py)."""
     kind = "backward" if is_backward else ("inference" if is_inference else "forward")
     try:
-        return _compile(gm, list(example_inputs), kind)
+        return _compile(gm, list(example_inputs), kind,
+                        config.cudagraphs if cudagraphs is None else cudagraphs)
     except Exception as e:
         msg = f"ember failed to compile a {kind} graph and will run it eagerly: {type(e).__name__}: {e}{_where(e)}"
         if not config.fallback_on_error:
@@ -122,7 +125,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
         return _eager(gm)
 
 
-def _compile(gm, example_inputs, kind) -> CompiledGraph:
+def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
 
     config.validate()
     check_backend_settings()
@@ -151,6 +154,8 @@ def _compile(gm, example_inputs, kind) -> CompiledGraph:
     else:
         fn, source = compile_python(program)
     fn = guard_current_device(fn, program)
+    if cudagraphs:
+        fn = cudagraph_runner(fn, gm, example_inputs, kind)
     dump.write("wrapper.py", source)
     by_extension: dict = {}
     for k in program.kernels():

@@ -87,6 +87,12 @@ class Config:
     def names(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self)]
 
+    # Record each compiled graph into CUDA graphs after a warm-up call and replay them (runtime/cudagraphs.py);
+    # `torch.compile(..., mode="reduce-overhead")` turns it on for that model.
+    cudagraphs: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CUDAGRAPHS", False))
+    # CUDA graphs kept per compiled graph, one per distinct set of sizes, least recently used dropped.
+    cudagraph_max_sizes: int = 8
+
     def validate(self) -> None:
         # settings that name a kernel backend are checked against the registry (device.check_backend_settings)
         if self.wrapper not in ("python", "fx"):

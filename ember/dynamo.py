@@ -24,14 +24,14 @@ class _InferenceCompiler:
     """AOTAutograd's inference compiler: compile_graph, remembering whether AOTAutograd's runtime wrapper
     around the result has anything to do (runtime/direct_call.py)."""
 
-    def __init__(self, n_dynamo_inputs: int):
-        self.n_dynamo_inputs = n_dynamo_inputs
+    def __init__(self, n_dynamo_inputs: int, cudagraphs: bool):
+        self.n_dynamo_inputs, self.cudagraphs = n_dynamo_inputs, cudagraphs
         self.graph = self.dims = None
 
     def __call__(self, gm, example_inputs):
         from .runtime.direct_call import dynamic_output_dims, wrapper_is_trivial
         n_placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-        compiled = compile_graph(gm, example_inputs, is_inference=True)
+        compiled = compile_graph(gm, example_inputs, is_inference=True, cudagraphs=self.cudagraphs)
         ctx = torch._guards.TracingContext.try_get()
         meta = getattr(ctx, "fw_metadata", None)
         if isinstance(compiled, CompiledGraph) and wrapper_is_trivial(meta, n_placeholders, self.n_dynamo_inputs) is None:
@@ -39,15 +39,22 @@ class _InferenceCompiler:
         return compiled
 
 
-def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """`torch.compile(model, backend="ember")`."""
+# torch.compile's modes ember accepts -> whether the mode records CUDA graphs
+MODES = {"default": None, "reduce-overhead": True, "max-autotune": None, "max-autotune-no-cudagraphs": None}
+
+
+def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, **kwargs):
+    """`torch.compile(model, backend="ember", mode=...)`."""
     config.validate()
     check_backend_settings()
+    if (mode or "default") not in MODES:
+        raise ValueError(f"ember: unknown torch.compile mode {mode!r}; use one of {', '.join(MODES)}")
+    cudagraphs = MODES[mode or "default"] or config.cudagraphs
     gm = pre_grad.run(gm)
-    inference = _InferenceCompiler(len(example_inputs))
+    inference = _InferenceCompiler(len(example_inputs), cudagraphs)
     compiler = aot_autograd(
-        fw_compiler=functools.partial(compile_graph, is_backward=False),
-        bw_compiler=functools.partial(compile_graph, is_backward=True),
+        fw_compiler=functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs),
+        bw_compiler=functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs),
         inference_compiler=inference,
         partition_fn=_partition,
         decompositions=decomposition_table(),

@@ -10,10 +10,15 @@ buffers_allocated = 0                                      # buffers the wrapper
 eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
 in_place_buffers = 0                                       # kernel outputs written over a dying input's memory
 direct_graphs = 0                                          # inference graphs called without AOTAutograd's wrapper
+cudagraph_records = 0                                      # graphs recorded into a CUDA graph
+cudagraph_replays = 0                                      # CUDA graph replays
+cudagraph_output_copies = 0                                # outputs returned as copies, being held past a replay
 
 
 def reset() -> None:
     global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs
+    global cudagraph_records, cudagraph_replays, cudagraph_output_copies
+    cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
     graphs_compiled = 0
     generated_kernel_count = 0
     buffers_allocated = 0
@@ -32,4 +37,7 @@ def summary() -> dict:
         "eager_fallbacks": eager_fallbacks,
         "in_place_buffers": in_place_buffers,
         "direct_graphs": direct_graphs,
+        "cudagraph_records": cudagraph_records,
+        "cudagraph_replays": cudagraph_replays,
+        "cudagraph_output_copies": cudagraph_output_copies,
     }

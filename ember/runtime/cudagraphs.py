@@ -1,0 +1,347 @@
+"""CUDA graphs for compiled graphs: `torch.compile(m, backend="ember", mode="reduce-overhead")`,
+`ember.config.cudagraphs = True` or `EMBER_CUDAGRAPHS=1`.
+
+A `CudaGraphRunner` wraps one compiled graph's boxed callable. For each distinct set of sizes (one entry
+per value of the graph's integer inputs; a static graph has one) the first call runs the graph as it is:
+it compiles and tunes every kernel for those sizes. The second call records the graph into a CUDA graph
+and replays it; later calls only replay.
+
+Inputs. An input the graph reads where it lies (parameters and buffers, which AOTAutograd lists as static,
+and outputs of another recording, such as the activations a backward graph reads) is used in place: the
+recording remembers its address and is recorded again if the address moves. Every other input is copied
+into a buffer the recording owns before each replay, and copied back afterwards when the graph writes
+into it (a KV cache passed as a plain tensor, optimizer state).
+
+Outputs. A replay writes its outputs into the memory of the previous replay's outputs. Each call returns
+fresh tensors over that memory, and the recording counts how many tensors use each output's storage. When a
+replay would overwrite an output the program still holds (the previous token fed back, a list of losses,
+logits kept for later), the recording is dropped, the held memory stays with the program, a new recording
+is made, and from then on that output is returned as a copy (`ember.metrics.cudagraph_output_copies`).
+Outputs that are let go before the next call (activations consumed by the backward, a loss read once) are
+never copied.
+
+Memory. Each recording has its own memory pool, so that no replay can write into memory another
+recording's outputs occupy.
+
+What is not recorded. A graph that reads or makes CPU tensors, synchronizes with the host (`.item()`,
+`nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` runs without CUDA graphs
+(`capture_blockers` names why, in the debug log). A capture that fails warns once and the graph runs
+without CUDA graphs from then on. Random ops draw their seeds with `aten.randint` inside the graph, which
+CUDA graphs advance on every replay, so dropout masks differ per step as without graphs.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import config, metrics
+
+log = logging.getLogger("ember.cudagraphs")
+aten = torch.ops.aten
+
+# ops that wait for the device and read a value on the host: a recording would bake in the value
+_HOST_SYNC = {aten._local_scalar_dense, aten.item, aten.nonzero, aten.masked_select, aten.equal,
+              aten.is_nonzero, aten._unique2, aten.unique_consecutive, aten.unique_dim,
+              aten.repeat_interleave.Tensor}
+
+
+def _packets(ops) -> set:
+    out = set()
+    for op in ops:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            out.update(getattr(op, name) for name in op.overloads())
+        else:
+            out.add(op)
+    return out
+
+
+_HOST_SYNC_OVERLOADS = _packets(_HOST_SYNC)
+
+
+def capture_blockers(gm: torch.fx.GraphModule, device_type: str = "cuda") -> list[str]:
+    """Why this graph cannot be recorded into a CUDA graph as a whole (empty: it can)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    why: list[str] = []
+
+    def add(reason: str) -> None:
+        if reason not in why:
+            why.append(reason)
+
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor) and v.device.type != device_type:
+                add(f"{n.name} is a {v.device.type} tensor")
+            if isinstance(v, (torch.Tensor, torch.SymInt)) and free_unbacked_symbols(v):
+                add(f"{n.name} has a data-dependent size")
+        if n.op != "call_function":
+            continue
+        if n.target in _HOST_SYNC_OVERLOADS:
+            add(f"{n.name} ({n.target}) synchronizes with the host")
+        tags = getattr(n.target, "tags", ())
+        if hasattr(torch.Tag, "cudagraph_unsafe") and torch.Tag.cudagraph_unsafe in tags:
+            add(f"{n.name} ({n.target}) is tagged cudagraph_unsafe")
+    if config.check_nans:
+        add("config.check_nans reads every output on the host")
+    if config.debug_sync:
+        add("config.debug_sync synchronizes after every call")
+    return why
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset:
+    """Indices of the graph's inputs that some op of it writes into."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    out = set()
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, list(n.args) + [n.kwargs.get(a.name) for a in
+                                                                 schema.arguments[len(n.args):]]):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                out.add(placeholders[value])
+    return frozenset(out)
+
+
+class CudaCapture:
+    """One CUDA graph in a memory pool of its own."""
+
+    def __init__(self):
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable, args: list):
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            outs = fn(args)
+        return outs
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class EmulatedCapture:
+    """A stand-in for CudaCapture on the CPU (tests): `replay` runs the function again on the recorded
+    inputs and writes its results into the recorded outputs' memory, as a CUDA graph's replay does."""
+
+    def capture(self, fn: Callable, args: list):
+        self.fn, self.args = fn, list(args)
+        self.outs = fn(args)
+        return self.outs
+
+    def replay(self) -> None:
+        for old, new in zip(self.outs, self.fn(list(self.args))):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
+
+
+@dataclasses.dataclass
+class _Recording:
+    capture: Any
+    addresses: dict            # index of an input used in place -> its data_ptr when recorded
+    buffers: dict              # index of a copied input -> the recording's buffer for it
+    outputs: tuple
+    storages: list             # per output: (storage handle, use count of the recording alone) or None
+
+
+@dataclasses.dataclass
+class _Sizes:
+    warmed: bool = False
+    recording: Optional[_Recording] = None
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill a block of memory, each once (some order of its strides is contiguous)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+# data_ptr of each storage that holds a live recording's output -> how many recordings hold it
+_recorded_storages: collections.Counter = collections.Counter()
+
+
+class CudaGraphRunner:
+    """A boxed callable (`fn(list_of_inputs) -> outputs`) that records `fn` into CUDA graphs and replays
+    them (module docstring)."""
+
+    def __init__(self, fn: Callable, *, static_inputs=(), mutated=frozenset(), int_inputs=(), label="graph",
+                 capture_factory: Callable = CudaCapture):
+        self._boxed_call = True
+        self.fn, self.label, self.capture_factory = fn, label, capture_factory
+        self.static = frozenset(static_inputs)
+        self.mutated = frozenset(mutated)
+        self.int_inputs = tuple(int_inputs)       # the inputs that are sizes: one recording per value
+        self.copied: Optional[set] = None         # inputs copied into the recording's buffers
+        self.moves: collections.Counter = collections.Counter()   # index -> times its address moved
+        self.copy_outputs: set = set()            # outputs returned as copies
+        self.sizes: collections.OrderedDict = collections.OrderedDict()
+        self.disabled: Optional[str] = None
+        self.warned_sizes = False
+
+    # -- calling ---------------------------------------------------------------------------------------
+    def __call__(self, args: list):
+        if self.disabled is not None:
+            return self.fn(args)
+        key = tuple(args[i] for i in self.int_inputs)
+        entry = self.sizes.get(key)
+        if entry is None:
+            self._add_sizes(key)
+            return self.fn(args)              # warm-up: kernels compile and tune for these sizes
+        self.sizes.move_to_end(key)
+        rec = entry.recording
+        if rec is not None and not self._can_replay(rec, args):
+            self._drop(entry)
+            rec = None
+        if rec is None:
+            return self._record(entry, args)
+        return self._replay(rec, args)
+
+    def _add_sizes(self, key) -> None:
+        limit = max(1, config.cudagraph_max_sizes)
+        while len(self.sizes) >= limit:
+            _, old = self.sizes.popitem(last=False)
+            self._drop(old)
+            if not self.warned_sizes:
+                self.warned_sizes = True
+                warnings.warn(f"ember: {self.label} has been called with more than {limit} distinct sizes; "
+                              f"its CUDA graphs are kept for the {limit} most recently used "
+                              f"(ember.config.cudagraph_max_sizes)", RuntimeWarning, stacklevel=4)
+        self.sizes[key] = _Sizes(warmed=True)
+
+    def _can_replay(self, rec: _Recording, args: list) -> bool:
+        ok = True
+        for i, ptr in rec.addresses.items():
+            if args[i].data_ptr() != ptr:
+                ok = False
+                self.moves[i] += 1
+                if i not in self.static and not self._recorded(args[i]) or self.moves[i] > 2:
+                    # an input that moves between calls is cheaper copied than recorded anew each time
+                    self.copied.add(i)
+        for k, held in enumerate(rec.storages):
+            if held is not None and _use_count(held[0]) > held[1]:
+                self.copy_outputs.add(k)
+                ok = False
+        return ok
+
+    @staticmethod
+    def _recorded(t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in _recorded_storages
+
+    # -- recording -------------------------------------------------------------------------------------
+    def _record(self, entry: _Sizes, args: list):
+        if self.copied is None:
+            self.copied = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
+                           and i not in self.static and not self._recorded(a)}
+        # an input with overlapping elements (an expanded one) has no buffer of its strides to copy into:
+        # it is read in place
+        buffers = {i: torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,
+                                          device=args[i].device).copy_(args[i])
+                   for i in self.copied if _dense(args[i])}
+        call_args = [buffers.get(i, a) for i, a in enumerate(args)]
+        addresses = {i: a.data_ptr() for i, a in enumerate(args)
+                     if isinstance(a, torch.Tensor) and i not in buffers}
+        capture = self.capture_factory()
+        try:
+            outs = capture.capture(self.fn, list(call_args))
+        except Exception as e:   # noqa: BLE001 - any capture failure leaves the graph running uncaptured
+            self.disabled = f"{type(e).__name__}: {e}"
+            warnings.warn(f"ember: recording {self.label} into a CUDA graph failed ({self.disabled}); it runs "
+                          f"without CUDA graphs", RuntimeWarning, stacklevel=3)
+            return self.fn(args)
+        outs = tuple(outs)
+        inputs = {a.untyped_storage().data_ptr() for a in call_args if isinstance(a, torch.Tensor)}
+        storages = []
+        for o in outs:
+            if isinstance(o, torch.Tensor) and _use_count is not None and \
+                    o.untyped_storage().data_ptr() not in inputs:
+                storages.append(o.untyped_storage()._cdata)
+            else:
+                storages.append(None)
+        rec = _Recording(capture, addresses, buffers, outs, [])
+        for s, o in zip(storages, outs):
+            if s is not None:
+                _recorded_storages[o.untyped_storage().data_ptr()] += 1
+        # the counts of the recording's own references, taken once nothing else holds the outputs
+        rec.storages = [(s, _use_count(s)) if s is not None else None for s in storages]
+        entry.recording = rec
+        metrics.cudagraph_records += 1
+        return self._replay(rec, args)
+
+    def _drop(self, entry: _Sizes) -> None:
+        rec, entry.recording = entry.recording, None
+        if rec is None:
+            return
+        for held, o in zip(rec.storages, rec.outputs):
+            if held is not None:
+                p = o.untyped_storage().data_ptr()
+                _recorded_storages[p] -= 1
+                if _recorded_storages[p] <= 0:
+                    del _recorded_storages[p]
+
+    # -- replaying -------------------------------------------------------------------------------------
+    def _replay(self, rec: _Recording, args: list):
+        for i, buf in rec.buffers.items():
+            a = args[i]
+            if a.data_ptr() != buf.data_ptr():
+                buf.copy_(a)
+        rec.capture.replay()
+        for i in self.mutated.intersection(rec.buffers):
+            args[i].copy_(rec.buffers[i])
+        args.clear()
+        metrics.cudagraph_replays += 1
+        out = []
+        for k, o in enumerate(rec.outputs):
+            if not isinstance(o, torch.Tensor):
+                out.append(o)
+            elif k in self.copy_outputs:
+                out.append(torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=o.device).copy_(o))
+                metrics.cudagraph_output_copies += 1
+            else:
+                out.append(o.detach())
+        return out
+
+
+# Tests set this: graphs on the CPU then run through EmulatedCapture instead of running as they are.
+EMULATE_ON_CPU = False
+
+
+def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
+    """`fn` run through CUDA graphs where the graph allows it, else `fn` itself (the reason logged)."""
+    on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    if not on_cuda and not EMULATE_ON_CPU:
+        _cpu_note()
+        return fn
+    why = capture_blockers(gm, "cuda" if on_cuda else "cpu")
+    if why:
+        log.debug("ember: %s graph runs without CUDA graphs: %s", kind, "; ".join(why))
+        return fn
+    static = ()
+    if kind != "backward":
+        ctx = torch._guards.TracingContext.try_get()
+        meta = getattr(ctx, "fw_metadata", None)
+        static = tuple(getattr(meta, "static_input_indices", None) or ())
+    int_inputs = [i for i, x in enumerate(example_inputs) if isinstance(x, (int, torch.SymInt))]
+    return CudaGraphRunner(fn, static_inputs=static, mutated=mutated_inputs(gm), int_inputs=int_inputs,
+                           label=f"a {kind} graph", capture_factory=CudaCapture if on_cuda else EmulatedCapture)
+
+
+_noted_cpu = False
+
+
+def _cpu_note() -> None:
+    global _noted_cpu
+    if not _noted_cpu:
+        _noted_cpu = True
+        log.info("ember: CUDA graphs need a GPU; graphs on other devices run as they are")

@@ -1,0 +1,262 @@
+"""CUDA graphs (runtime/cudagraphs.py). On the CPU the runner's logic runs with EmulatedCapture, whose replay
+writes into the recorded outputs' memory as a CUDA graph's does, so that overwritten outputs show; the same
+tests record real CUDA graphs with EMBER_TEST_DEVICE=cuda."""
+import warnings
+
+import pytest
+import torch
+
+import ember
+from ember.runtime import cudagraphs
+from ember.runtime.cudagraphs import CudaGraphRunner, EmulatedCapture, capture_blockers, mutated_inputs
+
+
+@pytest.fixture(autouse=True)
+def _emulate(monkeypatch):
+    monkeypatch.setattr(cudagraphs, "EMULATE_ON_CPU", True)
+
+
+def _compile(fn, **kw):
+    return torch.compile(fn, backend="ember", mode="reduce-overhead", **kw)
+
+
+# -- the runner on its own ----------------------------------------------------------------------------------
+
+def _runner(fn, **kw):
+    def boxed(args):
+        a = list(args)
+        args.clear()
+        return fn(*a)
+    return CudaGraphRunner(boxed, capture_factory=EmulatedCapture, **kw)
+
+
+def test_runner_warms_up_records_then_replays():
+    w = torch.randn(8)
+    r = _runner(lambda x, w: (x * w + 1,), static_inputs=[1])
+    for step in range(5):
+        x = torch.randn(8)
+        (out,) = r([x, w])
+        torch.testing.assert_close(out, x * w + 1)
+    # `out` of one step is still held while the next step runs: found once, then returned as a copy
+    assert ember.metrics.cudagraph_records == 2
+    assert ember.metrics.cudagraph_replays == 4        # the first call is the warm-up
+    assert r.copy_outputs == {0}
+
+
+def test_outputs_let_go_are_not_copied():
+    r = _runner(lambda x: (x.exp(),))
+    for step in range(5):
+        x = torch.randn(8)
+        torch.testing.assert_close(r([x])[0], x.exp())
+    assert ember.metrics.cudagraph_records == 1
+    assert ember.metrics.cudagraph_output_copies == 0
+
+
+def test_held_outputs_are_never_overwritten():
+    r = _runner(lambda x: (x.sin(), x.cos()))
+    kept, expect = [], []
+    for step in range(6):
+        x = torch.randn(16)
+        out = r([x])
+        kept.append(out[0])                 # the first output is held, the second let go
+        expect.append(x.sin())
+        torch.testing.assert_close(out[1], x.cos())
+        del out
+    for k, e in zip(kept, expect):
+        torch.testing.assert_close(k, e)
+    assert r.copy_outputs == {0}
+    assert ember.metrics.cudagraph_output_copies >= 3
+    assert ember.metrics.cudagraph_records == 2        # recorded once more when the hold was found
+
+
+def test_a_view_of_an_output_counts_as_holding_it():
+    r = _runner(lambda x: (x * 2,))
+    views, expect = [], []
+    for step in range(4):
+        x = torch.randn(4, 4)
+        (y,) = r([x])
+        views.append(y[1])
+        expect.append((x * 2)[1])
+    for v, e in zip(views, expect):
+        torch.testing.assert_close(v, e)
+
+
+def test_output_fed_back_as_the_next_input():
+    r = _runner(lambda x: (x * 0.5 + 1,))
+    x = torch.randn(8)
+    ref = x.clone()
+    for step in range(6):
+        (x,) = r([x])
+        ref = ref * 0.5 + 1
+    torch.testing.assert_close(x, ref)
+
+
+def test_copied_input_written_by_the_graph_is_written_back():
+    def step(cache, x):
+        cache.add_(x)
+        return (cache.sum(),)
+    r = _runner(step, mutated=frozenset({0}))
+    cache, ref = torch.randn(5), None
+    ref = cache.clone()
+    for i in range(5):
+        x = torch.randn(5)
+        (s,) = r([cache, x])
+        ref += x
+        torch.testing.assert_close(cache, ref)
+        torch.testing.assert_close(s, ref.sum())
+
+
+def test_static_input_that_moves_is_recorded_again():
+    r = _runner(lambda x, w: (x @ w,), static_inputs=[1])
+    x = torch.randn(3, 4)
+    for i in range(4):
+        w = torch.randn(4, 2)        # a new parameter tensor each call
+        (y,) = r([x, w])
+        torch.testing.assert_close(y, x @ w)
+
+
+def test_one_recording_per_size_with_a_limit():
+    r = _runner(lambda n, x: (x[:n] + 1,), int_inputs=[0])
+    with ember.config.patch(cudagraph_max_sizes=2), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for n in (3, 3, 3, 4, 4, 5, 5, 3, 3):
+            x = torch.randn(8)
+            (y,) = r([n, x])
+            torch.testing.assert_close(y, x[:n] + 1)
+    assert len(r.sizes) == 2
+    assert sum("cudagraph_max_sizes" in str(m.message) for m in w) == 1
+
+
+def test_a_capture_that_fails_runs_uncaptured_with_one_warning():
+    class Failing(EmulatedCapture):
+        def capture(self, fn, args):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    def boxed(args):
+        (x,) = args
+        args.clear()
+        return (x + 1,)
+    r = CudaGraphRunner(boxed, capture_factory=Failing)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(4):
+            x = torch.randn(3)
+            torch.testing.assert_close(r([x])[0], x + 1)
+    assert sum("CUDA graph failed" in str(m.message) for m in w) == 1
+    assert r.disabled is not None
+
+
+# -- graph analysis --------------------------------------------------------------------------------------------
+
+def _aten_graph(fn, *args, mode="real"):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(fn, tracing_mode=mode)(*args)
+
+
+def test_blockers_name_host_syncs_and_other_devices():
+    gm = _aten_graph(lambda x: x.sum().item() + x, torch.randn(3), mode="symbolic")
+    why = capture_blockers(gm, "cpu")
+    assert any("synchronizes with the host" in w for w in why)
+    gm = _aten_graph(lambda x: x + 1, torch.randn(3))
+    assert capture_blockers(gm, "cpu") == []
+    assert any("cpu tensor" in w for w in capture_blockers(gm, "cuda"))
+
+
+def test_blockers_name_data_dependent_sizes():
+    gm = _aten_graph(lambda x: x.nonzero(), torch.randn(6), mode="symbolic")
+    assert capture_blockers(gm, "cpu")
+
+
+def test_mutated_inputs_from_the_schema():
+    def f(a, b, c):
+        a.add_(1)
+        c.index_copy_(0, torch.tensor([0]), b[:1])
+        return a + b
+    gm = _aten_graph(f, torch.randn(3), torch.randn(3), torch.randn(3))
+    assert mutated_inputs(gm) == {0, 2}
+
+
+# -- through torch.compile ------------------------------------------------------------------------------------
+
+def test_reduce_overhead_model_training_matches_eager(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref.load_state_dict(model.state_dict())
+    cm = _compile(model)
+    losses, ref_losses = [], []
+    for step in range(5):
+        x = torch.randn(8, 16, device=device)
+        loss = cm(x).pow(2).mean()
+        loss.backward()
+        losses.append(loss.detach())            # kept across steps
+        rl = ref(x).pow(2).mean()
+        rl.backward()
+        ref_losses.append(rl.detach())
+    for a, b in zip(losses, ref_losses):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert ember.metrics.cudagraph_replays >= 6
+
+
+def test_reduce_overhead_decode_loop_with_an_in_place_cache(device):
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+            self.register_buffer("cache", torch.zeros(16, 8))
+
+        def forward(self, x, pos):
+            self.cache.index_copy_(0, pos, self.proj(x))
+            return self.cache.sum(0, keepdim=True).tanh()
+
+    torch.manual_seed(0)
+    model, ref = Step().to(device), Step().to(device)
+    ref.load_state_dict(model.state_dict())
+    cm = _compile(model)
+    x = torch.randn(1, 8, device=device)
+    xr = x.clone()
+    outs, ref_outs = [], []
+    with torch.no_grad():
+        for t in range(8):
+            pos = torch.tensor([t], device=device)
+            x = cm(x, pos)                  # the output is the next input, and kept
+            xr = ref(xr, pos)
+            outs.append(x)
+            ref_outs.append(xr)
+    for a, b in zip(outs, ref_outs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.cache, ref.cache, rtol=1e-4, atol=1e-5)
+    assert ember.metrics.cudagraph_replays >= 5
+
+
+def test_reduce_overhead_dynamic_sizes(device):
+    cm = _compile(lambda x: (x.softmax(-1) * 2).sum(0), dynamic=True)
+    for n in (5, 7, 5, 7, 9, 9, 5):
+        x = torch.randn(n, 6, device=device)
+        torch.testing.assert_close(cm(x), (x.softmax(-1) * 2).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_masks_differ_between_replays(device):
+    cm = _compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True))
+    x = torch.ones(4096, device=device)
+    masks = [cm(x) != 0 for _ in range(5)]
+    assert all(0.4 < m.float().mean() < 0.6 for m in masks)
+    assert not torch.equal(masks[-1], masks[-2])
+    assert ember.metrics.cudagraph_replays >= 3
+
+
+def test_unknown_mode_is_a_clear_error():
+    cm = torch.compile(lambda x: x + 1, backend="ember", mode="fastest")
+    with pytest.raises(Exception, match="unknown torch.compile mode"):
+        cm(torch.randn(3))
+
+
+def test_reduce_overhead_on_cpu_without_emulation_runs_normally(monkeypatch):
+    monkeypatch.setattr(cudagraphs, "EMULATE_ON_CPU", False)
+    cm = _compile(lambda x: x.exp() + 1)
+    for i in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(cm(x), x.exp() + 1)
+    assert ember.metrics.cudagraph_records == 0
