@@ -20,8 +20,10 @@ is made, and from then on that output is returned as a copy (`ember.metrics.cuda
 Outputs that are let go before the next call (activations consumed by the backward, a loss read once) are
 never copied.
 
-Memory. Each recording has its own memory pool, so that no replay can write into memory another
-recording's outputs occupy.
+Memory. The recordings on one device share one memory pool, so that a backward graph's temporaries reuse
+the memory of the forward's. A recording may then place its outputs where an earlier recording keeps
+temporaries; before a replay, the outputs of every later recording in the pool are checked the same way as
+the replaying graph's own (`_Pool`).
 
 What is not recorded. A graph that reads or makes CPU tensors, synchronizes with the host (`.item()`,
 `nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` runs without CUDA graphs
@@ -35,6 +37,7 @@ import collections
 import dataclasses
 import logging
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -110,11 +113,13 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset:
 
 
 class CudaCapture:
-    """One CUDA graph in a memory pool of its own."""
+    """One CUDA graph, recorded into its device's shared memory pool."""
 
-    def __init__(self):
+    def __init__(self, pool: "_Pool"):
         self.graph = torch.cuda.CUDAGraph()
-        self.pool = torch.cuda.graph_pool_handle()
+        if pool.handle is None:
+            pool.handle = torch.cuda.graph_pool_handle()
+        self.pool = pool.handle
 
     def capture(self, fn: Callable, args: list):
         torch.cuda.synchronize()
@@ -122,32 +127,65 @@ class CudaCapture:
             outs = fn(args)
         return outs
 
-    def replay(self) -> None:
+    reads_args = False      # a CUDA graph reads its inputs' recorded addresses
+
+    def replay(self, args) -> None:
         self.graph.replay()
 
 
 class EmulatedCapture:
-    """A stand-in for CudaCapture on the CPU (tests): `replay` runs the function again on the recorded
-    inputs and writes its results into the recorded outputs' memory, as a CUDA graph's replay does."""
+    """A stand-in for CudaCapture on the CPU (tests): `replay` runs the function again on the call's inputs
+    (the ones a CUDA graph would read: in place, or the recording's buffers) and writes its results into the
+    recorded outputs' memory, as a CUDA graph's replay does. It holds no input, as a CUDA graph holds none."""
+
+    reads_args = True
+
+    def __init__(self, pool: "_Pool"):
+        pass
 
     def capture(self, fn: Callable, args: list):
-        self.fn, self.args = fn, list(args)
+        self.fn = fn
         self.outs = fn(args)
         return self.outs
 
-    def replay(self) -> None:
-        for old, new in zip(self.outs, self.fn(list(self.args))):
+    def replay(self, args: list) -> None:
+        for old, new in zip(self.outs, self.fn(args)):
             if isinstance(old, torch.Tensor):
                 old.copy_(new)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Recording:
     capture: Any
     addresses: dict            # index of an input used in place -> its data_ptr when recorded
     buffers: dict              # index of a copied input -> the recording's buffer for it
     outputs: tuple
     storages: list             # per output: (storage handle, use count of the recording alone) or None
+    runner: Any = None         # weak references to the runner and its _Sizes entry that hold this recording
+    entry: Any = None
+    pool: Any = None
+
+    def held_outputs(self) -> list:
+        """The outputs something besides the recording still uses."""
+        return [k for k, h in enumerate(self.storages) if h is not None and _use_count(h[0]) > h[1]]
+
+
+class _Pool:
+    """The memory pool one device's recordings share, and those recordings in the order they were made.
+    A recording may place its outputs in memory an earlier recording used for temporaries, so replaying a
+    recording writes wherever a later one's outputs may lie: before it replays, those must not be held."""
+
+    def __init__(self):
+        self.handle = None
+        self.recordings: list = []       # weak references, oldest first
+
+    def later_than(self, rec: _Recording) -> list:
+        live = [r for r in (w() for w in self.recordings) if r is not None]
+        self.recordings = [weakref.ref(r) for r in live]
+        return live[live.index(rec) + 1:] if rec in live else []
+
+
+_pools: dict = collections.defaultdict(_Pool)      # device -> its pool
 
 
 @dataclasses.dataclass
@@ -172,14 +210,22 @@ def _dense(t: torch.Tensor) -> bool:
 _recorded_storages: collections.Counter = collections.Counter()
 
 
+def _forget_storages(ptrs: list) -> None:
+    _recorded_storages.subtract(ptrs)
+    for p in ptrs:
+        if _recorded_storages[p] <= 0:
+            del _recorded_storages[p]
+
+
 class CudaGraphRunner:
     """A boxed callable (`fn(list_of_inputs) -> outputs`) that records `fn` into CUDA graphs and replays
     them (module docstring)."""
 
     def __init__(self, fn: Callable, *, static_inputs=(), mutated=frozenset(), int_inputs=(), label="graph",
-                 capture_factory: Callable = CudaCapture):
+                 capture_factory: Callable = CudaCapture, device="cpu"):
         self._boxed_call = True
         self.fn, self.label, self.capture_factory = fn, label, capture_factory
+        self.pool = _pools[str(device)]
         self.static = frozenset(static_inputs)
         self.mutated = frozenset(mutated)
         self.int_inputs = tuple(int_inputs)       # the inputs that are sizes: one recording per value
@@ -201,7 +247,11 @@ class CudaGraphRunner:
             return self.fn(args)              # warm-up: kernels compile and tune for these sizes
         self.sizes.move_to_end(key)
         rec = entry.recording
-        if rec is not None and not self._can_replay(rec, args):
+        if rec is not None and not (self._can_replay(rec, args) & self._later_outputs_free(rec)):
+            # the new recording comes last in the pool: the ones after the old one are recorded again after
+            # it, so that the pool's order stays the order the graphs run in (a forward before its backward)
+            for later in rec.pool.later_than(rec):
+                _drop_recording(later)
             self._drop(entry)
             rec = None
         if rec is None:
@@ -229,9 +279,17 @@ class CudaGraphRunner:
                 if i not in self.static and not self._recorded(args[i]) or self.moves[i] > 2:
                     # an input that moves between calls is cheaper copied than recorded anew each time
                     self.copied.add(i)
-        for k, held in enumerate(rec.storages):
-            if held is not None and _use_count(held[0]) > held[1]:
-                self.copy_outputs.add(k)
+        held = rec.held_outputs()
+        self.copy_outputs.update(held)
+        return ok and not held
+
+    def _later_outputs_free(self, rec: _Recording) -> bool:
+        """Whether no output of a recording made after `rec` in its pool is held; each one that is gets
+        dropped, its held outputs returned as copies from then on (and `rec` must be recorded anew)."""
+        ok = True
+        for later in rec.pool.later_than(rec):
+            if later.held_outputs():
+                _drop_recording(later)
                 ok = False
         return ok
 
@@ -252,7 +310,7 @@ class CudaGraphRunner:
         call_args = [buffers.get(i, a) for i, a in enumerate(args)]
         addresses = {i: a.data_ptr() for i, a in enumerate(args)
                      if isinstance(a, torch.Tensor) and i not in buffers}
-        capture = self.capture_factory()
+        capture = self.capture_factory(self.pool)
         try:
             outs = capture.capture(self.fn, list(call_args))
         except Exception as e:   # noqa: BLE001 - any capture failure leaves the graph running uncaptured
@@ -269,26 +327,22 @@ class CudaGraphRunner:
                 storages.append(o.untyped_storage()._cdata)
             else:
                 storages.append(None)
-        rec = _Recording(capture, addresses, buffers, outs, [])
-        for s, o in zip(storages, outs):
-            if s is not None:
-                _recorded_storages[o.untyped_storage().data_ptr()] += 1
+        rec = _Recording(capture, addresses, buffers, outs, [], weakref.ref(self), weakref.ref(entry), self.pool)
+        ptrs = [o.untyped_storage().data_ptr() for s, o in zip(storages, outs) if s is not None]
+        _recorded_storages.update(ptrs)
+        rec.release = weakref.finalize(rec, _forget_storages, ptrs)
         # the counts of the recording's own references, taken once nothing else holds the outputs
         rec.storages = [(s, _use_count(s)) if s is not None else None for s in storages]
         entry.recording = rec
+        self.pool.recordings.append(weakref.ref(rec))
         metrics.cudagraph_records += 1
         return self._replay(rec, args)
 
     def _drop(self, entry: _Sizes) -> None:
         rec, entry.recording = entry.recording, None
-        if rec is None:
-            return
-        for held, o in zip(rec.storages, rec.outputs):
-            if held is not None:
-                p = o.untyped_storage().data_ptr()
-                _recorded_storages[p] -= 1
-                if _recorded_storages[p] <= 0:
-                    del _recorded_storages[p]
+        if rec is not None:
+            rec.release()
+            self.pool.recordings = [w for w in self.pool.recordings if w() is not rec]
 
     # -- replaying -------------------------------------------------------------------------------------
     def _replay(self, rec: _Recording, args: list):
@@ -296,7 +350,7 @@ class CudaGraphRunner:
             a = args[i]
             if a.data_ptr() != buf.data_ptr():
                 buf.copy_(a)
-        rec.capture.replay()
+        rec.capture.replay([rec.buffers.get(i, a) for i, a in enumerate(args)] if rec.capture.reads_args else None)
         for i in self.mutated.intersection(rec.buffers):
             args[i].copy_(rec.buffers[i])
         args.clear()
@@ -317,6 +371,14 @@ class CudaGraphRunner:
 EMULATE_ON_CPU = False
 
 
+def _drop_recording(rec: _Recording) -> None:
+    """Drop `rec` from its runner; outputs of it that are held are returned as copies from then on."""
+    runner, entry = rec.runner(), rec.entry()
+    if runner is not None and entry is not None and entry.recording is rec:
+        runner.copy_outputs.update(rec.held_outputs())
+        runner._drop(entry)
+
+
 def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
     """`fn` run through CUDA graphs where the graph allows it, else `fn` itself (the reason logged)."""
     on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
@@ -333,8 +395,11 @@ def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str) -> C
         meta = getattr(ctx, "fw_metadata", None)
         static = tuple(getattr(meta, "static_input_indices", None) or ())
     int_inputs = [i for i, x in enumerate(example_inputs) if isinstance(x, (int, torch.SymInt))]
+    device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda"),
+                  "cpu")
     return CudaGraphRunner(fn, static_inputs=static, mutated=mutated_inputs(gm), int_inputs=int_inputs,
-                           label=f"a {kind} graph", capture_factory=CudaCapture if on_cuda else EmulatedCapture)
+                           label=f"a {kind} graph", capture_factory=CudaCapture if on_cuda else EmulatedCapture,
+                           device=device)
 
 
 _noted_cpu = False

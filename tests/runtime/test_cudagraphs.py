@@ -260,3 +260,41 @@ def test_reduce_overhead_on_cpu_without_emulation_runs_normally(monkeypatch):
         x = torch.randn(5)
         torch.testing.assert_close(cm(x), x.exp() + 1)
     assert ember.metrics.cudagraph_records == 0
+
+
+def test_a_later_recordings_held_output_keeps_an_earlier_one_from_replaying():
+    # two graphs in one pool, recorded a then b: replaying a may write where b's outputs lie
+    a = _runner(lambda x: (x + 1,))
+    b = _runner(lambda x: (x * 3,))
+    for step in range(2):                       # warm-up, then record a, then b
+        torch.testing.assert_close(a([torch.ones(4)])[0], torch.full((4,), 2.0))
+        torch.testing.assert_close(b([torch.ones(4)])[0], torch.full((4,), 3.0))
+    held = b([torch.ones(4)])[0]                # b's output is held while a runs
+    a([torch.ones(4)])
+    assert b.copy_outputs == {0}
+    assert ember.metrics.cudagraph_records == 3  # b dropped, a recorded anew
+    assert b.sizes[()].recording is None
+    torch.testing.assert_close(held, torch.full((4,), 3.0))
+    torch.testing.assert_close(b([torch.ones(4)])[0], torch.full((4,), 3.0))
+    assert ember.metrics.cudagraph_records == 4
+
+
+def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref.load_state_dict(model.state_dict())
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    cm = _compile(model)
+    for step in range(8):
+        x = torch.randn(8, 16, device=device)
+        for m, o in ((cm, opt), (ref, ref_opt)):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    # forward and backward recorded once each; activations and gradients are let go, never copied
+    assert ember.metrics.cudagraph_records == 2
+    assert ember.metrics.cudagraph_replays == 14          # every step after the warm-up
+    assert ember.metrics.cudagraph_output_copies == 0
