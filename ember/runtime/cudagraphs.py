@@ -6,9 +6,10 @@ per value of the graph's integer inputs; a static graph has one) the first call 
 it compiles and tunes every kernel for those sizes. The second call records the graph into a CUDA graph
 and replays it; later calls only replay.
 
-Inputs. An input the graph reads where it lies (parameters and buffers, which AOTAutograd lists as static,
-and outputs of another recording, such as the activations a backward graph reads) is used in place: the
-recording remembers its address and is recorded again if the address moves. Every other input is copied
+Inputs. An input the graph reads where it lies (parameters and buffers, which AOTAutograd lists as static;
+what a backward graph saved from its forward; outputs of another recording) is used in place: the
+recording remembers its address and is recorded again if the address moves (an input that keeps moving is
+copied from then on). Every other input is copied
 into a buffer the recording owns before each replay, and copied back afterwards when the graph writes
 into it (a KV cache passed as a plain tensor, optimizer state).
 
@@ -389,8 +390,12 @@ def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str) -> C
     if why:
         log.debug("ember: %s graph runs without CUDA graphs: %s", kind, "; ".join(why))
         return fn
-    static = ()
-    if kind != "backward":
+    if kind == "backward":
+        # what a backward graph saved from its forward (activations, parameters) stays where it is between
+        # steps; the incoming gradients ("tangents_*") are new tensors each step
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        static = tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
+    else:
         ctx = torch._guards.TracingContext.try_get()
         meta = getattr(ctx, "fw_metadata", None)
         static = tuple(getattr(meta, "static_input_indices", None) or ())
