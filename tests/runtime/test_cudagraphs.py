@@ -298,3 +298,25 @@ def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(devic
     assert ember.metrics.cudagraph_records == 2
     assert ember.metrics.cudagraph_replays == 14          # every step after the warm-up
     assert ember.metrics.cudagraph_output_copies == 0
+
+
+def test_compiled_adamw_step_with_reduce_overhead(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01, foreach=True)
+    step = _compile(opt.step)
+    for i in range(6):
+        x = torch.randn(8, 16, device=device)
+        for m, o, do_step in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
+            m(x).pow(2).mean().backward()
+            do_step()
+            o.zero_grad()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[p][k], ref_opt.state[q][k], rtol=1e-5, atol=1e-7)
+    assert ember.metrics.cudagraph_replays >= 4
