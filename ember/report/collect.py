@@ -219,8 +219,10 @@ def _packet_name(op) -> str:
 def fallback_reason(op, node) -> str:
     """Why an op runs as an ATen call rather than as an ember kernel."""
     name = _packet_name(op)
-    if name in _GEMM_OPS or "attention" in name:
-        return "library kernel (cuBLAS, cuDNN; BLAS, oneDNN on a CPU)"
+    if name in _GEMM_OPS:
+        return "library GEMM (cuBLAS, cuDNN, the CPU's BLAS): ember has no GEMM template yet"
+    if "attention" in name:
+        return "library attention kernel: ember has no attention template yet"
     if isinstance(op, torch._ops.HigherOrderOperator):
         return "a higher-order op (a user kernel) runs as it is"
     if get_lowering(op) is None:

@@ -8,7 +8,7 @@ from typing import Optional
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d2330; margin: 0;
        background: #f6f7f9; }
-main { max-width: 1500px; margin: 0 auto; padding: 20px 28px 60px; }
+main { max-width: 1680px; margin: 0 auto; padding: 20px 28px 60px; }
 h1 { font-size: 24px; margin: 8px 0 2px; }
 h2 { font-size: 18px; margin: 30px 0 8px; border-bottom: 2px solid #dde1e8; padding-bottom: 4px; }
 h3 { font-size: 15px; margin: 16px 0 6px; }
@@ -24,9 +24,9 @@ td div.note { font-size: 11.5px; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 tr:hover td { background: #f9fafc; }
 code, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12px; }
-.src { color: #3b4a6b; min-width: 220px; max-width: 400px; overflow-wrap: anywhere; }
-.nodes { min-width: 130px; max-width: 260px; overflow-wrap: anywhere; }
-.why { min-width: 110px; max-width: 230px; }
+.src { color: #3b4a6b; min-width: 200px; max-width: 340px; overflow-wrap: anywhere; }
+.nodes { min-width: 120px; max-width: 200px; overflow-wrap: anywhere; }
+.why { min-width: 110px; max-width: 200px; }
 .scroll { overflow-x: auto; }
 .bar { position: relative; width: 64px; height: 14px; background: #eceef2; border-radius: 3px; display: inline-block;
        vertical-align: middle; }
