@@ -16,7 +16,7 @@ import torch
 from ..codegen.nan_checks import ValueOrigins
 from ..codegen.wrapper.lines import CallExtern, CallKernel
 from ..ir.deps import RecordingHandler
-from ..ir.nodes import ComputedBuffer, ExternKernel, MultiOutput, ReinterpretView, TensorBox
+from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, ReinterpretView, TensorBox
 from ..ir.ops import handler
 from ..ir.symbolic import hint
 from ..lowering.graph_lowering import user_source_line
@@ -114,7 +114,8 @@ def collect_graph(record: GraphRecord, gm, lowering, groups, program) -> None:
         else:
             buf = lowering.get_buffer(ln.name) if ln.name else None
             extern = buf if isinstance(buf, ExternKernel) else _extern_of(group, ln.op)
-            op_nodes = [origins.fx_node(extern)] if extern is not None and origins.fx_node(extern) is not None else nodes
+            node = origins.fx_node(extern) if extern is not None else None
+            op_nodes = [node] if node is not None else nodes
             label = str(getattr(ln.op, "__name__", ln.op))
             labels.setdefault(p.group, []).append(f"extern {label}")
             call = CallRecord(record.id, p.range, label, "extern", extern_category(ln.op), "aten",
@@ -235,7 +236,7 @@ def fallback_reason(op, node) -> str:
 
 def _meta(a):
     """A meta tensor with the layout of an IR argument (for a FLOP formula), or the argument itself."""
-    if isinstance(a, ReinterpretView) or (hasattr(a, "layout") and hasattr(a, "get_name")):
+    if isinstance(a, (Buffer, ReinterpretView)):
         l = a.layout
         if l is None:
             return None

@@ -10,6 +10,7 @@ calls only."""
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import re
 import sys
@@ -41,6 +42,7 @@ class ReportSession:
     def __init__(self, path: str, steps: int, warmup: int):
         self.path, self.steps, self.warmup = path, max(1, steps), max(0, warmup)
         self.graphs: list[GraphRecord] = []
+        self.ids = itertools.count()
         self.graph_breaks = GraphBreakLog()
         self.graph_breaks.install()
         self.anchor: Optional[GraphRecord] = None
@@ -56,14 +58,15 @@ class ReportSession:
     # -- compiling ------------------------------------------------------------------------------------------
 
     def begin_graph(self, kind: str) -> GraphRecord:
-        record = GraphRecord(len(self.graphs), kind, f"{RANGE_PREFIX}{len(self.graphs)}")
-        self.graphs.append(record)
+        """The record of a graph about to compile; it joins the report when it compiled (observe)."""
+        graph_id = next(self.ids)
         if self.profiler is not None:
             self._restart()
-        return record
+        return GraphRecord(graph_id, kind, f"{RANGE_PREFIX}{graph_id}")
 
     def observe(self, record: GraphRecord, fn: Callable) -> Callable:
         """`fn` (a compiled graph's boxed call) counted for the step window, inside a profiler range."""
+        self.graphs.append(record)
         name = record.range
 
         def call(args):
