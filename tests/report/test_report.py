@@ -34,11 +34,12 @@ class Net(torch.nn.Module):
         print("between the graphs")             # a graph break: two graphs per step
         return self.norm(h).softmax(-1)
 
+device = sys.argv[2]
 torch.manual_seed(0)
-net = Net()
+net = Net().to(device)
 compiled = torch.compile(net, backend="ember")
 for step in range(6):
-    x = torch.randn(16, 32)
+    x = torch.randn(16, 32, device=device)
     out = compiled(x)
     out.pow(2).sum().backward()
     grads = [p.grad.clone() for p in net.parameters()]
@@ -85,12 +86,13 @@ class _Tables(HTMLParser):
 
 @pytest.fixture(scope="module")
 def report_page(tmp_path_factory):
+    device = os.environ.get("EMBER_TEST_DEVICE", "cpu")
     folder = tmp_path_factory.mktemp("report")
     script, page, marker = folder / "train.py", folder / "out" / "report.html", folder / "ran.txt"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-m", "ember.cli", "report", "-o", str(page), "--steps", "2",
-                          "--warmup", "1", str(script), str(marker)],
+                          "--warmup", "1", str(script), str(marker), device],
                          env=env, capture_output=True, text=True, timeout=600, cwd=str(folder))
     assert run.returncode == 0, run.stdout + run.stderr
     assert marker.read_text() == "ran"           # the script ran with its own arguments
@@ -120,6 +122,8 @@ def test_report_page_lists_kernels_with_measurements(report_page):
             assert cell != "-" and not cell.startswith("-") and re.match(r"^[0-9.e+]+", cell), (name, r)
         assert _seconds(r[col["time / step"]]) >= 0
         assert r[col["your source"]].startswith("train.py:"), r
+    # the profiler attributed time to the calls (on a GPU: the kernels launched inside each call's range)
+    assert sum(_seconds(r[col["time / step"]]) for r in rows) > 0
     graphs = parser.tables["graphs"][1:]
     assert sorted(g[1] for g in graphs) == ["backward", "backward", "forward", "forward"], graphs
     breaks = parser.tables["graph-breaks"][1:]
@@ -190,12 +194,12 @@ def test_report_page_renders_in_chromium(report_page, tmp_path):
 
 # -- the numbers, in process ---------------------------------------------------------------------------------
 
-def test_bytes_flops_and_profiled_steps(tmp_path):
-    x, y, w = torch.randn(64, 32), torch.randn(64, 32), torch.randn(32, 16)
+def test_bytes_flops_and_profiled_steps(tmp_path, device):
+    w = torch.randn(32, 16, device=device)
     with ember.config.patch(report=str(tmp_path / "report.html"), report_steps=2, report_warmup=1):
         f = torch.compile(lambda x, y, w: (torch.relu(x + y), x @ w), backend="ember")
         for _ in range(5):
-            x, y = torch.randn(64, 32), torch.randn(64, 32)
+            x, y = torch.randn(64, 32, device=device), torch.randn(64, 32, device=device)
             out = f(x, y, w)
             torch.testing.assert_close(out[0], torch.relu(x + y))
             torch.testing.assert_close(out[1], x @ w)
@@ -214,6 +218,8 @@ def test_bytes_flops_and_profiled_steps(tmp_path):
     assert window.steps == 2 and graph.times_called == 5
     for c in graph.calls:
         assert window.ranges[c.range].count == 2 and window.ranges[c.range].cpu_us > 0
+        if device != "cpu":      # the GPU time of the kernels launched inside the call's range
+            assert window.ranges[c.range].device_us > 0, c
 
 
 def test_steps_restart_when_a_graph_compiles_among_them(tmp_path):
