@@ -3,6 +3,9 @@
     ember demo [--device cpu|cuda] [--backends eager,inductor,ember] [--train] ...
                                                  eager, inductor and ember side by side on a small GPT (ember/demo.py)
     ember bench [args of benchmarks/kernels.py]  memory-bound kernel benchmark (eager / inductor / ember)
+    ember report [-o out.html] (script.py | -m module) [args]
+                                                 run a program, profile its compiled steps and write an HTML report
+                                                 of its graphs and kernels against the machine's rooflines
 """
 from __future__ import annotations
 
@@ -32,6 +35,48 @@ def bench(argv: list[str]) -> int:
     return 0
 
 
+REPORT_HELP = """Runs the program as `python script.py args` (or `python -m module args`) would, with every graph
+ember compiles recorded and a few steps of them profiled, and writes one self-contained HTML page: the
+compiled graphs and Dynamo's graph breaks, each fusion group with its FX nodes and your source lines, and
+each kernel and extern call with its bytes, FLOPs and measured time against the machine's memory and FLOP/s
+rooflines. A step runs from one call of the first compiled graph to its next. EMBER_REPORT=out.html
+python script.py does the same."""
+
+
+def report(argv: list[str]) -> int:
+    import runpy
+    from .config import config
+    from .report import session
+    ap = argparse.ArgumentParser(prog="ember report", description=REPORT_HELP,
+                                 usage="ember report [-o OUT] [--steps N] [--warmup N] (script.py | -m module) [args ...]")
+    ap.add_argument("-o", "--out", default="ember_report.html", help="the page to write (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=config.report_steps, help="steps to profile (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=config.report_warmup,
+                    help="steps to run before profiling (default: %(default)s)")
+    ap.add_argument("-m", dest="module", help="run a module as `python -m` does")
+    ap.add_argument("program", nargs=argparse.REMAINDER, help="the script and its arguments")
+    args = ap.parse_args(argv)
+    if not args.module and not args.program:
+        ap.error("name a script or a module (-m)")
+    config.report, config.report_steps, config.report_warmup = os.path.abspath(args.out), args.steps, args.warmup
+    report_session = session()
+    saved_argv, saved_path, code = sys.argv, list(sys.path), 0
+    try:
+        if args.module:
+            sys.argv = [args.module] + args.program
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args.program)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.program[0])))
+            runpy.run_path(args.program[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        report_session.finish()
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="ember", description="ember, a graph compiler for PyTorch")
@@ -54,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--show-kernel", action="store_true", help="print the largest kernel ember generated")
     sub.add_parser("bench", help="memory-bound kernel benchmark; arguments go to benchmarks/kernels.py",
                    add_help=False)
+    sub.add_parser("report", help="run a program and write an HTML report of its compiled graphs and kernels "
+                   "against the machine's rooflines (ember report --help)", add_help=False)
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
+    if argv[:1] == ["report"]:
+        return report(argv[1:])
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         return demo.run(device=args.device, backends=tuple(args.backends.split(",")), steps=args.steps,

@@ -36,6 +36,7 @@ from .runtime.checks import EmberNanError
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
+from .report import collect_graph, session as report_session
 
 # every lowering registers (and tells graph/decompose.py which ops it lowers) before anything asks for the
 # decomposition table: Dynamo's AOTAutograd, the decompose pass and the pattern matcher's tracing
@@ -131,6 +132,8 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
     check_backend_settings()
     t0 = time.perf_counter()
     dump = DebugDump(kind)
+    # config.report: what this graph holds and how long its calls take, for the report written at exit
+    report = report_session().begin_graph(kind) if config.report else None
     dump.write("fx_graph.txt", lambda: gm.print_readable(print_output=False))
     decomp.pin_factory_devices(gm)
     gm = decomp.decompose(gm, example_inputs)
@@ -147,8 +150,10 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
         groups = Fusion(nodes, _nbytes(lowering)).run()
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
-        builder = ProgramBuilder(lowering, groups)
+        builder = ProgramBuilder(lowering, groups, report.prefix if report is not None else None)
         program = builder.build()
+        if report is not None:
+            collect_graph(report, gm, lowering, groups, program)
     if config.wrapper == "fx":
         fn, source = compile_fx(program)
     else:
@@ -164,8 +169,12 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
         dump.write(f"kernels.{ext}", "\n\n".join(sources))
     metrics.graphs_compiled += 1
     metrics.generated_kernel_count += builder.kernel_count
-    dump.write("summary.txt", f"compile seconds: {time.perf_counter() - t0:.3f}\n"
+    seconds = time.perf_counter() - t0
+    dump.write("summary.txt", f"compile seconds: {seconds:.3f}\n"
                               f"kernels: {builder.kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
+    if report is not None:
+        report.compile_seconds = seconds
+        fn = report_session().observe(report, fn)
     calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
     return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels, calls_aten)
 

@@ -35,6 +35,15 @@ class Config:
     # FX nodes and the user's source line. Graph inputs are not checked, nor graph inputs a call updates in
     # place; an op whose eager result holds NaN (log of a negative number) raises too. Nothing is emitted when off.
     check_nans: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_NANS", False))
+    # Write a self-contained HTML page to this path when the program ends (`ember report script.py` sets it):
+    # each compiled graph, its fusion groups, and each kernel and extern call with its bytes, FLOPs and
+    # profiled time against the machine's measured rooflines (ember/report/). With it set, the wrappers
+    # open a profiler range around each device call; nothing is emitted when it is None.
+    report: Optional[str] = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_REPORT") or None)
+    # The steps the report profiles: a step runs from one call of the first graph the program calls to its
+    # next; profiling starts at that graph's call report_warmup + 1.
+    report_steps: int = dataclasses.field(default_factory=lambda: int(os.environ.get("EMBER_REPORT_STEPS", "3")))
+    report_warmup: int = dataclasses.field(default_factory=lambda: int(os.environ.get("EMBER_REPORT_WARMUP", "2")))
     # Kernel backend for CPU tensors: "cpp" (C++/OpenMP, built with the system compiler) or "triton"
     # (Triton kernels in Triton's interpreter: slow, for testing the Triton code path without a GPU).
     cpu_backend: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CPU_BACKEND", "cpp"))

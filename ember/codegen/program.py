@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import dataclasses
+from typing import Optional
 
 import sympy
 import torch
@@ -17,12 +18,13 @@ from ..device import backend_for
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
-from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Free, MultiOutputLine, Name, Return, Reuse,
-                            SymbolDef, View, WrapperProgram)
+from .traffic import extern_bytes, kernel_bytes
+from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Free, MultiOutputLine, Name, ProfiledCall, Return,
+                            Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
 class ProgramBuilder:
-    def __init__(self, lowering, groups):
+    def __init__(self, lowering, groups, profile_prefix: Optional[str] = None):
         self.g = lowering
         self.groups = groups
         self.lines: list = []
@@ -38,6 +40,10 @@ class ProgramBuilder:
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
         # config.check_nans: where each value comes from, for the checks after each call (None when off)
         self.origins = ValueOrigins(lowering) if config.check_nans else None
+        # config.report: each device call gets a ProfiledCall, its range named "<profile_prefix> #<n> <call>"
+        self.profile_prefix = profile_prefix
+        self.group_index = 0         # the group being generated
+        self.profiled = 0
 
     def build(self) -> WrapperProgram:
         g = self.g
@@ -48,6 +54,7 @@ class ProgramBuilder:
         freeable = {b.get_name() for b in g.buffers if not isinstance(b, MutationBuffer)}
         freeable |= {n for n, b in g.graph_inputs.items() if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
         for i, group in enumerate(self.groups):
+            self.group_index = i
             if group.is_kernel():
                 # buffers this wrapper allocated that die in this kernel: their memory may take its outputs
                 self.dying = {s for s in group.reads if last.get(s) == i and s in self.layouts and s not in outputs}
@@ -149,6 +156,9 @@ class ProgramBuilder:
         if self.origins is not None:
             # a copy: a relaunched kernel's later calls share gen.call's definition, not what it writes
             call = dataclasses.replace(call, check=self.origins.kernel_check(call, group, gen.stored))
+        if self.profile_prefix is not None:
+            call = dataclasses.replace(call, profile=self._profiled(call, kernel_bytes(self.g, gen.define.signature,
+                                                                                        call.args, group)))
         self.lines.append(call)
 
     def _arg(self, a):
@@ -183,6 +193,8 @@ class ProgramBuilder:
         call = CallExtern(buf.get_name(), buf.op, args, kwargs)
         if self.origins is not None:
             call.check = self.origins.extern_check(call, buf)
+        if self.profile_prefix is not None:
+            call.profile = self._profiled(call, extern_bytes(self.g, buf))
         self.lines.append(call)
         # the views made for this call's arguments serve it alone: dropped now, they stop holding their
         # base's memory alive after the base itself is freed
@@ -190,6 +202,11 @@ class ProgramBuilder:
             self.lines.append(Free([f"view{i}" for i in range(first_view, self.views + 1)]))
         self._bind_output_symbols(buf)
         self._check(buf)
+
+    def _profiled(self, call, moved: tuple) -> ProfiledCall:
+        self.profiled += 1
+        name = f"{self.profile_prefix} #{self.profiled} {device_call_label(call)}"
+        return ProfiledCall(name, self.group_index, *moved)
 
     def _check(self, buf):
         """Kernels read extern outputs with the layout the op's meta function promised: check it, and

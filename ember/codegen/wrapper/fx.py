@@ -15,9 +15,11 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     View             torch.as_strided
     Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
 
-After each device call, debug_sync(label) with config.debug_sync, and with config.check_nans
-check_finite(what, values, origins, reads) on the values the call wrote (the line's FiniteCheck).
     Return           the output node
+
+After each device call, debug_sync(label) with config.debug_sync, and with config.check_nans
+check_finite(what, values, origins, reads) on the values the call wrote (the line's FiniteCheck). With
+config.report, open_range(name) before the call and close_range(range) after it (the line's ProfiledCall).
 
 Kernels write their outputs in place and return None, so nothing uses a launch node's value:
 `launch_kernel` and `check_layout` are registered as side-effecting, which keeps them through
@@ -38,13 +40,15 @@ from torch.fx.node import has_side_effect
 
 from ... import config
 from ..kernel import print_index
-from ...runtime import checks
+from ...runtime import checks, ranges
 from .lines import (Allocate, Assert, CallExtern, CallKernel, DefineKernel, Free, MultiOutputLine, Name, Return,
                     Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
 debug_sync = has_side_effect(checks.debug_sync)
 check_finite = has_side_effect(checks.check_finite)
+open_range = has_side_effect(ranges.open_range)
+close_range = has_side_effect(ranges.close_range)
 
 
 @has_side_effect
@@ -96,7 +100,11 @@ class FxRenderer:
             handler = RENDERERS.get(type(ln))
             if handler is None:
                 raise TypeError(f"no FX rendering for {type(ln).__name__}")
+            profile = getattr(ln, "profile", None)    # config.report
+            opened = self.graph.call_function(open_range, (profile.range,)) if profile is not None else None
             handler(self, ln)
+            if opened is not None:
+                self.graph.call_function(close_range, (opened,))
             label = device_call_label(ln) if sync else None
             if label is not None:
                 self.graph.call_function(debug_sync, (label,))

@@ -76,6 +76,17 @@ class FiniteCheck:
     reads: tuple = ()    # the wrapper names of the tensors the call reads: the error says which held NaN or Inf
 
 
+@dataclasses.dataclass(frozen=True)
+class ProfiledCall:
+    """config.report: the profiler range the wrapper opens around a device call (torch.profiler attributes
+    the call's time to it: a C++ kernel is invisible to the profiler otherwise, and a GPU kernel's time goes
+    to the range it was launched in), and the bytes the call moves (codegen/traffic.py)."""
+    range: str           # unique in the process: "ember g2 #7 kernel3"
+    group: int           # the index of the fused group the call runs, in the order the program runs them
+    bytes_read: int
+    bytes_written: int
+
+
 @dataclasses.dataclass
 class CallKernel:
     name: str
@@ -83,6 +94,7 @@ class CallKernel:
     grid: Optional[list]  # sympy expressions; None for a kernel with `tuning`, whose grid follows its config
     meta: dict           # launch-time constants: XBLOCK, RBLOCK, num_warps (empty with `tuning`)
     check: Optional[FiniteCheck] = None     # set by the program builder with config.check_nans
+    profile: Optional[ProfiledCall] = None  # set by the program builder with config.report
 
 
 @dataclasses.dataclass
@@ -92,6 +104,7 @@ class CallExtern:
     args: list
     kwargs: dict
     check: Optional[FiniteCheck] = None     # set by the program builder with config.check_nans
+    profile: Optional[ProfiledCall] = None  # set by the program builder with config.report
 
 
 def device_call_label(ln) -> Optional[str]:

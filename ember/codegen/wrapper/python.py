@@ -9,6 +9,7 @@ import torch
 from ... import config
 from ...runtime.checks import check_finite, check_layout, conform_layout, debug_sync
 from ...runtime.loader import load_module
+from ...runtime.ranges import profile_range
 from ...runtime.tensors import fast_empty_strided, reinterpret
 from .device_guard import guarded_device_index
 from ..kernel import print_index
@@ -22,7 +23,7 @@ class PythonWrapper:
         self.globals: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                         "as_strided": reinterpret, "check_layout": check_layout,
                                         "conform_layout": conform_layout, "debug_sync": debug_sync,
-                                        "check_finite": check_finite}
+                                        "check_finite": check_finite, "profile_range": profile_range}
         self._ids: dict[int, str] = {}
         # buffers on the device the program runs with as current, and on the CPU, are allocated by torch's
         # C allocator entry (runtime/tensors.py): no device argument to parse
@@ -75,7 +76,12 @@ class PythonWrapper:
         body.append("args.clear()")
         sync = config.debug_sync
         for line in p.lines:
-            body.extend(self.line(line))
+            profile = getattr(line, "profile", None)      # config.report
+            if profile is None:
+                body.extend(self.line(line))
+            else:
+                body.append(f"with profile_range({profile.range!r}):")
+                body.extend("    " + ln for ln in self.line(line))
             label = device_call_label(line) if sync else None
             if label is not None:
                 body.append(f"debug_sync({label!r})")
