@@ -10,16 +10,19 @@ buffers_allocated = 0                                      # buffers the wrapper
 eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
 in_place_buffers = 0                                       # kernel outputs written over a dying input's memory
 direct_graphs = 0                                          # inference graphs called without AOTAutograd's wrapper
+attention_rewrites = 0                                     # hand-written attentions rewritten to SDPA
 
 
 def reset() -> None:
-    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs
+    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs, \
+        attention_rewrites
     graphs_compiled = 0
     generated_kernel_count = 0
     buffers_allocated = 0
     eager_fallbacks = 0
     in_place_buffers = 0
     direct_graphs = 0
+    attention_rewrites = 0
     fallbacks.clear()
 
 
@@ -32,4 +35,5 @@ def summary() -> dict:
         "eager_fallbacks": eager_fallbacks,
         "in_place_buffers": in_place_buffers,
         "direct_graphs": direct_graphs,
+        "attention_rewrites": attention_rewrites,
     }
