@@ -352,12 +352,17 @@ def _score_grads(dx: torch.fx.Node, s: _Scores):
     None where no gradient is asked for); None where the graph does something else with it."""
     g, nodes = dx, []
     for op in reversed(s.chain):
-        if op.target is aten.add.Tensor:          # the gradient passes through an add unchanged
-            continue
-        g = _backward_of(op, g)
-        if g is None:
-            return None
-        nodes.append(g)
+        if op.target is not aten.add.Tensor:       # the gradient passes through an add unchanged ...
+            g = _backward_of(op, g)
+            if g is None:
+                return None
+            nodes.append(g)
+        src = _val(_score_operand(op))
+        if op.target not in _CASTS and src.dtype != _val(op).dtype:
+            g = _cast_of(g, src.dtype)              # ... but for the cast back where it promoted the scores
+            if g is None:
+                return None
+            nodes.append(g)
     if len(g.users) != 1:
         return None
     (flat,) = g.users
@@ -386,8 +391,8 @@ def _backward_of(op: torch.fx.Node, g: torch.fx.Node) -> Optional[torch.fx.Node]
     (u,) = g.users
     t, args = op.target, op.args
     if t in _CASTS:
-        ok = u.target in _CASTS and u.args[0] is g and _val(u).dtype == _val(args[0]).dtype
-    elif t in (aten.mul.Tensor, aten.div.Tensor):
+        return _cast_of(g, _val(args[0]).dtype)
+    if t in (aten.mul.Tensor, aten.div.Tensor):
         ok = u.target is t and u.args[0] is g and u.args[1] == args[1]
     else:                                        # where: the gradient is zero where the fill was taken
         fill_first = _fill_value(args[1]) is not None
@@ -395,6 +400,14 @@ def _backward_of(op: torch.fx.Node, g: torch.fx.Node) -> Optional[torch.fx.Node]
             (u.args[2] is g and _fill_value(u.args[1]) == 0 if fill_first else
              u.args[1] is g and _fill_value(u.args[2]) == 0)
     return u if ok else None
+
+
+def _cast_of(g: torch.fx.Node, dtype) -> Optional[torch.fx.Node]:
+    """g's one reader, where it casts g to dtype."""
+    if len(g.users) != 1:
+        return None
+    (u,) = g.users
+    return u if u.target in _CASTS and u.args[0] is g and _val(u).dtype == dtype else None
 
 
 def _transposed_3d(n) -> Optional[torch.fx.Node]:
