@@ -199,6 +199,28 @@ def test_rewritten_with_dynamic_sizes(training, device, graphs):
     assert aten.bmm.default not in [n.target for g in graphs for n in g]
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+def test_causal_mask_with_dynamic_sizes(training, device, graphs):
+    """triu(ones(s, s), 1) of a symbolic s is read as SDPA's causal mask: no mask tensor is made."""
+    def fn(q, k, v):
+        s = q.shape[2]
+        drop = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        return torch.softmax(scores(q, k, scale=0.25).masked_fill(drop, float("-inf")), -1) @ v
+    compiled = torch.compile(fn, backend="ember", dynamic=True)
+    for seq in (8, 12):
+        q, k, v = (rand(B, H, seq, D, device=device).requires_grad_(training) for _ in range(3))
+        with torch.set_grad_enabled(training):
+            out, expected = compiled(q, k, v), fn(q, k, v)
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+            if training:
+                g = torch.randn_like(out)
+                torch.testing.assert_close(torch.autograd.grad(out, (q, k, v), g),
+                                           torch.autograd.grad(expected, (q, k, v), g), rtol=1e-4, atol=1e-5)
+    calls = attention_calls(graphs)
+    assert calls and all(c["is_causal"] and c.get("attn_mask") is None for c in calls)
+    assert aten.bmm.default not in [n.target for g in graphs for n in g]
+
+
 def test_dropout_in_training(device, graphs):
     """Dropout becomes SDPA's dropout where a fused kernel takes it (a GPU; the CPU's flash kernel has none,
     so there the hand-written form stays). The kept entries are random either way, so the test compares

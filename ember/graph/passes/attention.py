@@ -546,10 +546,13 @@ def _scalar(x: float, dtype, like: torch.Tensor) -> torch.Tensor:
 
 
 def _is_lower_triangle(cond: torch.fx.Node, negated: bool, size) -> bool:
-    """Is the boolean mask `cond` (negated) a constant `tril(ones(L, S))`, broadcast? (Evaluated here, on
-    the CPU, where it is made of factory and pointwise ops with static sizes.)"""
+    """Is the boolean mask `cond` (negated) `tril(ones(L, S))`, broadcast? Read off the index arithmetic
+    torch's tril and triu decompose to (any sizes), or computed here on the CPU where it is a constant of
+    static sizes made some other way."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     L, S = size
+    if _keeps_lower_triangle(cond, negated, L, S):
+        return True
     if not (isinstance(L, int) and isinstance(S, int)):
         return False
     with unset_fake_temporarily():
@@ -558,6 +561,42 @@ def _is_lower_triangle(cond: torch.fx.Node, negated: bool, size) -> bool:
             return False
         value = ~value if negated else value
         return bool((value == torch.ones(L, S, dtype=torch.bool).tril()).all())
+
+
+# (compare op, negated) -> the diagonal d for which `compare(j - i, d)` (negated) keeps exactly j - i <= 0
+_LOWER_TRIANGLE_DIAGONAL = {(aten.le.Scalar, False): 0, (aten.lt.Scalar, False): 1, (aten.gt.Scalar, True): 0,
+                            (aten.ge.Scalar, True): 1}
+
+
+def _keeps_lower_triangle(cond, negated: bool, L, S) -> bool:
+    """cond == `compare(arange(S)[None, :] - arange(L)[:, None], d)` [and all-true], the form of
+    tril(ones(L, S), d) and triu(ones(L, S), d), keeping (after `negated`) exactly the lower triangle."""
+    if cond.target is aten.logical_and.default:
+        a, b = cond.args
+        cond = a if _all_true(b) else b if _all_true(a) else None
+    if cond is None or _LOWER_TRIANGLE_DIAGONAL.get((cond.target, negated)) != cond.args[1]:
+        return False
+    diff = cond.args[0]
+    if diff.target is not aten.sub.Tensor or not _same_shape(_val(cond), (L, S)):
+        return False
+    cols, rows = (_arange_along(a, dim) for a, dim in zip(diff.args, (-2, -1)))
+    return cols is not None and rows is not None and statically_known_true(cols == S) and \
+        statically_known_true(rows == L)
+
+
+def _arange_along(n, dim: int):
+    """N where n is `arange(N).unsqueeze(dim)`."""
+    if n.target is not aten.unsqueeze.default or n.args[1] != dim:
+        return None
+    a = n.args[0]
+    if a.target is aten.arange.default or (a.target is aten.arange.start_step and a.args[0] == 0 and
+                                           a.args[2:3] in ((), (1,))):
+        return _val(a).shape[0]
+    return None
+
+
+def _all_true(n) -> bool:
+    return n.target is aten.full.default and n.args[1] is True
 
 
 def _constant(n, memo: dict, budget: int = 32):
