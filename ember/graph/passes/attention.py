@@ -87,11 +87,18 @@ def _tail_checks(match) -> bool:
     x, v3 = _val(match["x"]), _val(match["v3"])
     if not (_is_float(x) and _is_float(v3) and x.dim() == 4 and v3.dim() == 3):
         return False
-    return all(_literals_fit(n) for n in match.nodes.values())
+    dropout = [n for n in match.nodes.values() if n.target is aten.native_dropout.default]
+    # the one scalar factor of the joint tails: dropout's backward scales the kept entries by 1 / (1 - p)
+    factor = 1 / (1 - dropout[0].args[1]) if dropout and dropout[0].args[1] < 1 else None
+    return all(_literals_fit(n, factor) for n in match.nodes.values())
 
 
-def _literals_fit(n: torch.fx.Node) -> bool:
+def _literals_fit(n: torch.fx.Node, factor: Optional[float]) -> bool:
     t, out = n.target, _val(n)
+    if n.kwargs.get("alpha", 1) != 1 or n.kwargs.get("dtype") is not None and t is not aten._to_copy.default:
+        return False
+    if t is aten.mul.Tensor and _number(n.args[1]) is not None:
+        return factor is not None and math.isclose(n.args[1], factor, rel_tol=1e-6)
     if t in (aten.amax.default, aten.sum.dim_IntList):
         dims = list(n.args[1])
         return len(dims) == 1 and dims[0] in (-1, out.dim() - 1) and n.args[2] is True
@@ -169,10 +176,18 @@ def _score_operand(n) -> Optional[torch.fx.Node]:
     if t in _CASTS or (t in (aten.mul.Tensor, aten.div.Tensor) and _number(args[1]) is not None):
         return args[0]
     if t is aten.add.Tensor and not n.kwargs:
-        return args[0] if _is_float(_val(args[0])) and _same_shape(_val(args[0]), _val(n)) else args[1]
+        # the operand the scores flow through: the one that reaches view(bmm(q, k^T)) where both could
+        shaped = [a for a in args if isinstance(a, torch.fx.Node) and _same_shape(_val(a), _val(n))]
+        return next((a for a in shaped if _reaches_scores_head(a)), shaped[0] if shaped else None)
     if t is aten.where.self:
         return args[2] if _fill_value(args[1]) is not None else args[1]
     return None
+
+
+def _reaches_scores_head(n, steps: int = 16) -> bool:
+    while steps and isinstance(n, torch.fx.Node) and not _is_scores_head(n):
+        n, steps = (_score_operand(n) if n.op == "call_function" else None), steps - 1
+    return isinstance(n, torch.fx.Node) and _is_scores_head(n)
 
 
 def _apply(s: _Scores, n: torch.fx.Node) -> bool:
@@ -574,10 +589,11 @@ def _keeps_lower_triangle(cond, negated: bool, L, S) -> bool:
     if cond.target is aten.logical_and.default:
         a, b = cond.args
         cond = a if _all_true(b) else b if _all_true(a) else None
-    if cond is None or _LOWER_TRIANGLE_DIAGONAL.get((cond.target, negated)) != cond.args[1]:
+    diagonal = _LOWER_TRIANGLE_DIAGONAL.get((getattr(cond, "target", None), negated))
+    if diagonal is None or cond.args[1] != diagonal or not _same_shape(_val(cond), (L, S)):
         return False
     diff = cond.args[0]
-    if diff.target is not aten.sub.Tensor or not _same_shape(_val(cond), (L, S)):
+    if not isinstance(diff, torch.fx.Node) or diff.target is not aten.sub.Tensor:
         return False
     cols, rows = (_arange_along(a, dim) for a, dim in zip(diff.args, (-2, -1)))
     return cols is not None and rows is not None and statically_known_true(cols == S) and \
@@ -586,7 +602,7 @@ def _keeps_lower_triangle(cond, negated: bool, L, S) -> bool:
 
 def _arange_along(n, dim: int):
     """N where n is `arange(N).unsqueeze(dim)`."""
-    if n.target is not aten.unsqueeze.default or n.args[1] != dim:
+    if not isinstance(n, torch.fx.Node) or n.target is not aten.unsqueeze.default or n.args[1] != dim:
         return None
     a = n.args[0]
     if a.target is aten.arange.default or (a.target is aten.arange.start_step and a.args[0] == 0 and
@@ -596,7 +612,7 @@ def _arange_along(n, dim: int):
 
 
 def _all_true(n) -> bool:
-    return n.target is aten.full.default and n.args[1] is True
+    return isinstance(n, torch.fx.Node) and n.target is aten.full.default and n.args[1] is True
 
 
 def _constant(n, memo: dict, budget: int = 32):
