@@ -15,8 +15,11 @@
 Both functions are traced once, lazily, to ATen graphs with ember's own decomposition table, so the
 search graph has the same ops as the graphs it is matched against (the post-grad graph and AOTAutograd's
 joint graph both went through that table). `trace="torch"` traces with torch.fx.symbolic_trace instead,
-for Dynamo's torch-level graph (pre-grad passes). The example inputs only steer tracing: any shapes and
-dtypes for which the functions trace to the same ops work. Matching is torch.fx's SubgraphMatcher:
+for Dynamo's torch-level graph (pre-grad passes), and `trace="joint"` traces a function's forward and its
+backward as AOTAutograd's joint graph, for joint passes (inputs: the function's tensor inputs, then one
+tangent per output, named tangent_0 ...; outputs: the function's outputs, then each input's gradient). The
+example inputs only steer tracing: any shapes and dtypes for which the functions trace to the same ops
+work. Matching is torch.fx's SubgraphMatcher:
 
   - the two functions take the same inputs, in the same order; each input matches any graph value;
   - an input whose example is not a tensor (an int, a float, a dtype ...) is a literal input: it stands

@@ -5,8 +5,8 @@
 reaches ember's graphs as two batched matmuls around a decomposed softmax: each 4-D matmul is flattened to
 a bmm over batch x heads. This pass puts ATen's scaled_dot_product_attention there instead, traced for the
 matched values, so the graph holds the fused kernel eager's SDPA would pick for them (flash attention for
-the CPU; flash, memory-efficient or cuDNN on a GPU) and, in the joint graph, its backward kernel; item 1 of
-ember's attention work keeps those kernels whole (graph/decompose.py: FUSED_ATTENTION).
+the CPU; flash, memory-efficient or cuDNN on a GPU) and, in the joint graph, its backward kernel, each run
+as one ATen call (graph/decompose.py keeps them whole: FUSED_ATTENTION).
 
 The fixed part, `softmax(x) [cast] [clone | dropout] @ v` (and in the joint graph its backward), is found by
 Patterns (graph/pattern.py), traced with ember's decompositions. The variable part is read in code from
@@ -15,13 +15,17 @@ masked fills (where) and casts, in any order, such as BERT's `scores / sqrt(d) +
 `where(causal, scores / sqrt(d), min) + mask` or Llama's `softmax(scores * s + mask, dtype=float32)`.
 
 A match is rewritten only where the fused kernel gives the hand-written result within its tolerance:
-  - every scale is a positive number (a negative one would turn a masked -inf into +inf);
+  - every scale is a positive number (a negative one would turn a masked -inf into +inf), not a graph
+    value (one computed from a symbolic size);
   - a fill of -inf becomes a boolean mask (the same softmax, except in a row whose every key is masked,
     where the hand-written softmax gives NaN); a finite fill is added as `where(cond, fill, 0)` only when
     it is at most -1e30 (float32's and bfloat16's `finfo.min`, as HF models use): adding any score of a
     sane size to it rounds back to it, so a masked score and a row of them come out the same as eager's;
     smaller fills (-1e4, -1e9) are left alone;
   - a boolean mask that is a constant lower triangle (`tril(ones(L, S))`) becomes `is_causal=True`;
+  - masks are combined into one: boolean where every mask keeps or drops whole scores, else additive, in
+    the query's dtype as SDPA takes it (under autocast, a float32 mask is rounded to 16 bits, as when eager
+    calls SDPA under autocast); a 16-bit additive mask holds -inf at the dtype's lowest finite value;
   - k and v repeated for grouped-query attention (`repeat_interleave` or `expand` + `reshape`) are passed
     unrepeated with `enable_gqa=True` in inference graphs, where the fused kernel takes that;
   - dropout (joint graph only) becomes SDPA's dropout_p: the kept entries are random either way, and
@@ -553,6 +557,10 @@ class _Plan:
             total = term if total is None else total + term
         if keep is not None:
             total = total + torch.where(keep, _scalar(0.0, acc, keep), _scalar(-math.inf, acc, keep))
+        lowest = torch.finfo(dtype).min
+        if lowest > torch.finfo(acc).min:
+            # a fill of float32's finfo.min would round to -inf in 16 bits, and a row of -inf is a NaN in SDPA
+            total = total.clamp_min(lowest)
         return total.to(dtype)
 
 
