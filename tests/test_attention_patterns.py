@@ -253,3 +253,26 @@ def test_other_forms_are_left_alone(name, device, graphs):
     cases, args = _not_fused_cases(device)
     check(cases[name], *args, grad=True)
     assert_not_rewritten(graphs)
+
+
+def _sin_twice(x):
+    return torch.sin(x) * 2
+
+
+def test_a_joint_pattern_finds_a_forward_with_its_backward(device):
+    """Pattern(trace="joint") traces a function with its backward, as AOTAutograd's joint graph has them;
+    a pattern without a replacement only finds (what the attention pass builds on)."""
+    from ember.graph.pattern import Pattern
+    pattern = Pattern(_sin_twice, None, [torch.randn(4)], trace="joint")
+    found = []
+
+    def find(gm):
+        found.extend(pattern.matches(gm))
+        with pytest.raises(ValueError, match="no replacement"):
+            pattern.apply(gm)
+    with ember.config.patch(joint_passes=[find]):
+        check(lambda x, y: _sin_twice(x) + y.cos(), rand(8, device=device), rand(8, device=device), grad=True)
+    (m,) = found
+    assert [n.target for n in m.outputs] == [aten.mul.Tensor] * 2       # sin(x) * 2 and the gradient of x
+    assert aten.cos.default in [n.target for n in m.nodes.values()]   # the backward of sin is in the match
+    assert m["x"].op == "placeholder" and m["tangent_0"].op == "placeholder"

@@ -45,7 +45,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ... import metrics
+from ... import config, metrics
 from ..decompose import FUSED_ATTENTION, decomposition_table
 from ..pattern import Pattern
 
@@ -313,7 +313,11 @@ def _fuse(gm: torch.fx.GraphModule, tails: list, joint: bool) -> None:
     made = 0
     for pattern in tails:
         for m in pattern.matches(gm):
-            if all(n.graph is gm.graph for n in m.nodes.values()) and _rewrite(gm, m, joint):
+            if any(getattr(n, "_erased", False) for n in m.nodes.values()):
+                continue
+            rewrite = _prepared(m, joint)
+            if rewrite is not None:
+                rewrite(gm)
                 made += 1
     if made:
         metrics.attention_rewrites += made
@@ -331,38 +335,43 @@ def _may_hold_attention(gm) -> bool:
     return bmms >= 2 and amax >= 1
 
 
-def _rewrite(gm, m, joint: bool) -> bool:
-    scores = _read_scores(m["x"])
-    if scores is None:
-        return False
-    grads = None
-    if joint:
-        grads = _score_grads(m.outputs[1], scores)
-        if grads is None:
-            return False
-    dropout = [n for n in m.nodes.values() if n.target is aten.native_dropout.default]
-    plan = _Plan.of(scores, m["v3"], dropout[0].args[1] if dropout else 0.0, m["tangent_0"] if joint else None)
-    if plan is None:
-        return False
-    traced = plan.trace(gqa=plan.gqa is not None)
-    if traced is None and plan.gqa is not None:
-        traced = plan.trace(gqa=False)
+def _prepared(m, joint: bool):
+    """The rewrite of match m, a function of the graph module, or None where m is not an attention the
+    fused kernel computes the same. Reading the match changes nothing in the graph: a failure there leaves
+    the graph as it was and the match alone (raised where ember is told not to fall back)."""
+    try:
+        scores = _read_scores(m["x"])
+        grads = _score_grads(m.outputs[1], scores) if joint and scores is not None else None
+        if scores is None or (joint and grads is None):
+            return None
+        dropout = [n for n in m.nodes.values() if n.target is aten.native_dropout.default]
+        plan = _Plan.of(scores, m["v3"], dropout[0].args[1] if dropout else 0.0,
+                        m["tangent_0"] if joint else None)
+        traced = plan.trace(gqa=plan.gqa is not None) if plan is not None else None
+        if traced is None and plan is not None and plan.gqa is not None:
+            traced = plan.trace(gqa=False)
+    except Exception:
+        if not config.fallback_on_error:
+            raise
+        return None
     if traced is None:
-        return False
-    old_out = m.outputs[0]
-    matched = set(m.nodes.values())
-    bwd_anchor = min((u for u in m["tangent_0"].users if u in matched), key=_position(gm)) if joint else None
-    new = _splice(gm, traced, plan.inputs(), old_out, bwd_anchor)
-    _rewire(gm, old_out, new["out"], new["out3"])
-    if joint:
-        dq3, dkt3, chain = grads
-        _rewire(gm, m.outputs[2], new["dv"], new["dv3"])
-        for old, name in ((dq3, "dq"), (dkt3, "dkt")):
-            if old is not None:
-                _rewire(gm, old, new[name], new[name + "3"])
-        matched.update(chain)
-    _erase_dead(gm, matched | set(scores.chain) | {scores.head, scores.head.args[0]})
-    return True
+        return None
+
+    def rewrite(gm):
+        old_out = m.outputs[0]
+        matched = set(m.nodes.values())
+        bwd_anchor = min((u for u in m["tangent_0"].users if u in matched), key=_position(gm)) if joint else None
+        new = _splice(gm, traced, plan.inputs(), old_out, bwd_anchor)
+        _rewire(gm, old_out, new["out"], new["out3"])
+        if joint:
+            dq3, dkt3, chain = grads
+            _rewire(gm, m.outputs[2], new["dv"], new["dv3"])
+            for old, name in ((dq3, "dq"), (dkt3, "dkt")):
+                if old is not None:
+                    _rewire(gm, old, new[name], new[name + "3"])
+            matched.update(chain)
+        _erase_dead(gm, matched | set(scores.chain) | {scores.head, scores.head.args[0]})
+    return rewrite
 
 
 def _score_grads(dx: torch.fx.Node, s: _Scores):
