@@ -13,12 +13,13 @@ direct_graphs = 0                                          # inference graphs ca
 cudagraph_records = 0                                      # graphs recorded into a CUDA graph
 cudagraph_replays = 0                                      # CUDA graph replays
 cudagraph_output_copies = 0                                # outputs returned as copies, being held past a replay
+attention_rewrites = 0                                     # hand-written attentions rewritten to SDPA
 
 
 def reset() -> None:
     global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs
-    global cudagraph_records, cudagraph_replays, cudagraph_output_copies
-    cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
+    global cudagraph_records, cudagraph_replays, cudagraph_output_copies, attention_rewrites
+    cudagraph_records = cudagraph_replays = cudagraph_output_copies = attention_rewrites = 0
     graphs_compiled = 0
     generated_kernel_count = 0
     buffers_allocated = 0
@@ -40,4 +41,5 @@ def summary() -> dict:
         "cudagraph_records": cudagraph_records,
         "cudagraph_replays": cudagraph_replays,
         "cudagraph_output_copies": cudagraph_output_copies,
+        "attention_rewrites": attention_rewrites,
     }

@@ -42,10 +42,24 @@ _KEEP = [
     aten.upsample_nearest2d, aten._upsample_nearest_exact2d,
 ]
 
-# Run as ATen calls even with no lowering: core ATen's decomposition of the CPU flash-attention kernel
-# returns the attention weights where the op's backward expects the logsumexp, so it only holds for
-# inference graphs.
-_NEVER = [aten._scaled_dot_product_flash_attention_for_cpu]
+# The fused attention kernels scaled_dot_product_attention dispatches to (on the CPU, CUDA, cuDNN, or a
+# backend's own), and their backwards. Each runs as one ATen call (an extern in the wrapper), never
+# decomposed: core ATen's table, written for export, decomposes the CPU flash kernel back into the math form
+# (batched matmuls around a softmax), and that decomposition returns the attention weights where the
+# kernel's backward expects the logsumexp. SDPA itself stays in the table: its entry runs SDPA's own kernel
+# choice for the traced inputs, which picks one of these (or the math form where eager would too).
+FUSED_ATTENTION = frozenset(op for op in (
+    aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+    getattr(aten, "_scaled_dot_product_fused_attention_overrideable", None),
+    getattr(aten, "_scaled_dot_product_fused_attention_overrideable_backward", None),
+    aten._flash_attention_forward, aten._flash_attention_backward,
+    aten._efficient_attention_forward, aten._efficient_attention_backward) if op is not None)
+
+# Run as ATen calls even with no lowering
+_NEVER = sorted(FUSED_ATTENTION, key=str)
 
 # The ATen overloads ember lowers, published by lowering/registry.py as its @lower decorators run
 _lowered_ops: set = set()

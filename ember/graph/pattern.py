@@ -15,8 +15,11 @@
 Both functions are traced once, lazily, to ATen graphs with ember's own decomposition table, so the
 search graph has the same ops as the graphs it is matched against (the post-grad graph and AOTAutograd's
 joint graph both went through that table). `trace="torch"` traces with torch.fx.symbolic_trace instead,
-for Dynamo's torch-level graph (pre-grad passes). The example inputs only steer tracing: any shapes and
-dtypes for which the functions trace to the same ops work. Matching is torch.fx's SubgraphMatcher:
+for Dynamo's torch-level graph (pre-grad passes), and `trace="joint"` traces a function's forward and its
+backward as AOTAutograd's joint graph, for joint passes (inputs: the function's tensor inputs, then one
+tangent per output, named tangent_0 ...; outputs: the function's outputs, then each input's gradient). The
+example inputs only steer tracing: any shapes and dtypes for which the functions trace to the same ops
+work. Matching is torch.fx's SubgraphMatcher:
 
   - the two functions take the same inputs, in the same order; each input matches any graph value;
   - an input whose example is not a tensor (an int, a float, a dtype ...) is a literal input: it stands
@@ -29,7 +32,10 @@ dtypes for which the functions trace to the same ops work. Matching is torch.fx'
     that value);
   - `extra_check(match)` can veto a match (dtype, shape, who reads the result ...): `match` is a `Match`,
     {input name: the graph node, or literal, it matched}, whose `outputs` are the graph nodes the search
-    function's return values matched.
+    function's return values matched and `nodes` the graph nodes every op of the search graph matched.
+
+`replace_fn=None` makes a pattern that only finds: `pattern.matches(gm)` lists the matches for a pass that
+builds each replacement from what it matched (graph/passes/attention.py).
 
 New nodes get `meta["val"]` from their fake implementations (`fill_fake_values`), because lowering reads
 output layouts from it: a custom op in a replacement needs a fake (meta) implementation, and runs as an
@@ -49,19 +55,22 @@ from .decompose import decomposition_table
 
 class Match(dict):
     """What `extra_check` sees of one match: {input name: the graph node it matched, or the literal for a
-    literal input}, and `outputs`, the graph nodes the search function's return values matched."""
+    literal input}; `outputs`, the graph nodes the search function's return values matched; `nodes`, {name
+    of an op node of the search graph: the graph node it matched}."""
 
-    def __init__(self, inputs: dict, outputs: list):
+    def __init__(self, inputs: dict, outputs: list, nodes: Optional[dict] = None):
         super().__init__(inputs)
         self.outputs = outputs
+        self.nodes = nodes or {}
 
 
 class Pattern:
-    def __init__(self, search_fn: Callable, replace_fn: Callable, example_inputs: Sequence, *,
+    def __init__(self, search_fn: Callable, replace_fn: Optional[Callable], example_inputs: Sequence, *,
                  trace: str = "aten", ignore_literals: bool = False,
                  extra_check: Optional[Callable[[Match], bool]] = None, name: Optional[str] = None):
-        if trace not in ("aten", "torch"):
-            raise ValueError(f"Pattern(trace={trace!r}): use 'aten' (post-grad, joint) or 'torch' (pre-grad)")
+        if trace not in ("aten", "torch", "joint"):
+            raise ValueError(f"Pattern(trace={trace!r}): use 'aten' (post-grad, joint), 'joint' (a forward and "
+                             f"its backward, joint) or 'torch' (pre-grad)")
         self.search_fn, self.replace_fn = search_fn, replace_fn
         self.example_inputs = list(example_inputs)
         self.trace, self.ignore_literals, self.extra_check = trace, ignore_literals, extra_check
@@ -86,11 +95,19 @@ class Pattern:
 
     def apply(self, gm: torch.fx.GraphModule) -> int:
         """Replace every non-overlapping match in gm, in place. Returns how many were replaced."""
+        if self.replace_fn is None:
+            raise ValueError(f"pattern {self.name} has no replacement: use matches(gm)")
         replaced = self._rewrite(gm)
         if replaced:
             gm.graph.lint()
             gm.recompile()
         return replaced
+
+    def matches(self, gm: torch.fx.GraphModule) -> list:
+        """The non-overlapping matches in gm that extra_check accepts, as `Match`es; gm is left as it is."""
+        search = self._traced()[0]
+        found = _Matcher(search.graph, self._accepts, self.ignore_literals).matches(gm.graph)
+        return [_match_of(m.nodes_map, m.returning_nodes) for m in found]
 
     # -- internals ------------------------------------------------------------------------------------------
 
@@ -108,8 +125,7 @@ class Pattern:
     def _accepts(self, nodes_map: dict, returned: list) -> bool:
         if self.extra_check is None:
             return True
-        inputs = {n.name: v for n, v in nodes_map.items() if n.op == "placeholder"}
-        return bool(self.extra_check(Match(inputs, returned)))
+        return bool(self.extra_check(_match_of(nodes_map, returned)))
 
     def _traced(self) -> tuple:
         if self._graphs is None:
@@ -117,9 +133,10 @@ class Pattern:
             from torch.utils._python_dispatch import _disable_current_modes
             # first used inside a compile: trace in a clean state, not under the caller's fake mode
             with _disable_current_modes(), tracing(None):
-                graphs = (self._trace_fn(self.search_fn, True), self._trace_fn(self.replace_fn, False))
-            n_search, n_replace = (len(_placeholders(g)) for g in graphs)
-            if n_search != n_replace:
+                graphs = (self._trace_fn(self.search_fn, True),
+                          None if self.replace_fn is None else self._trace_fn(self.replace_fn, False))
+            n_search, n_replace = (len(_placeholders(g)) if g is not None else None for g in graphs)
+            if n_replace is not None and n_search != n_replace:
                 raise ValueError(f"pattern {self.name}: the search function takes {n_search} inputs and the "
                                  f"replacement {n_replace}; they must take the same inputs")
             self._graphs = graphs
@@ -129,6 +146,8 @@ class Pattern:
         try:
             if self.trace == "torch":
                 gm = torch.fx.symbolic_trace(fn)
+            elif self.trace == "joint":
+                gm = _trace_joint(fn, self.example_inputs)
             else:
                 from torch.fx.experimental.proxy_tensor import make_fx
                 # fake tracing: custom ops in a replacement only need their fake implementation here
@@ -139,6 +158,8 @@ class Pattern:
                              f"take the same inputs") from e
         params = [p for p in inspect.signature(fn).parameters]
         placeholders = _placeholders(gm)
+        if self.trace == "joint":
+            params += [f"tangent_{i}" for i in range(len(placeholders) - len(params))]
         for node, pname in zip(placeholders, params):
             node._rename(pname)         # extra_check sees the function's own argument names
         if self.trace == "aten":
@@ -192,6 +213,36 @@ class _Matcher(SubgraphMatcher):
         if key not in self._verdicts:
             self._verdicts[key] = self._accepts(nodes_map, [nodes_map[n] for n in self.pattern_returning_nodes])
         return self._verdicts[key]
+
+
+def _match_of(nodes_map: dict, returned: list) -> Match:
+    inputs = {n.name: v for n, v in nodes_map.items() if n.op == "placeholder"}
+    inner = {n.name: v for n, v in nodes_map.items() if n.op not in ("placeholder", "output")}
+    return Match(inputs, returned, inner)
+
+
+def _trace_joint(fn: Callable, example_inputs: Sequence) -> torch.fx.GraphModule:
+    """fn's forward and backward as AOTAutograd's joint graph, with ember's decompositions: placeholders
+    are fn's inputs then one tangent per output; outputs are fn's outputs then the inputs' gradients."""
+    from torch._functorch.aot_autograd import aot_export_joint_simple
+    if not all(isinstance(x, torch.Tensor) and x.is_floating_point() for x in example_inputs):
+        raise ValueError("trace='joint' takes floating tensor inputs only")
+    inputs = [x.detach().clone().requires_grad_(True) for x in example_inputs]
+
+    def as_tuple(*args):
+        out = fn(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    with torch.enable_grad():        # first traced inside a compile, which may run without grad
+        gm = aot_export_joint_simple(as_tuple, inputs, trace_joint=True, decompositions=decomposition_table())
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    # metadata asserts (from `.to(...)`) anchor nothing a match could need
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+            gm.graph.erase_node(node)
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    flat = torch.utils._pytree.tree_leaves(out.args[0])     # the joint graph returns (outputs, gradients)
+    out.args = (tuple(flat),)
+    return gm
 
 
 def _same_literal(a: Any, b: Any) -> bool:

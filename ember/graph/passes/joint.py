@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch.fx
 
 from ... import config
+from .attention import fuse_attention_joint
 from .common import dead_code_elimination, run_passes
 
-PASSES: list = [dead_code_elimination]
+PASSES: list = [fuse_attention_joint, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -15,6 +15,7 @@ from ... import config
 from ...device import backend_for
 from ..custom_ops import padded_mm, softmax_stats
 from ..pattern import Pattern, fill_fake_values
+from .attention import fuse_attention_inference
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 
 aten = torch.ops.aten
@@ -379,8 +380,9 @@ def _val(x):
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
 
 
-PASSES: list = [remove_noop_casts, scatter_into_constant, online_softmax_stats, unfuse_bias_addmm, pad_matmuls,
-                dead_code_elimination]
+# attention first: it reads the softmax that online_softmax_stats rewrites
+PASSES: list = [fuse_attention_inference, remove_noop_casts, scatter_into_constant, online_softmax_stats,
+                unfuse_bias_addmm, pad_matmuls, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
