@@ -3,6 +3,7 @@
     ember demo [--device cpu|cuda] [--backends eager,inductor,ember] [--train] ...
                                                  eager, inductor and ember side by side on a small GPT (ember/demo.py)
     ember bench [args of benchmarks/kernels.py]  memory-bound kernel benchmark (eager / inductor / ember)
+    ember cache info | clear                     the on-disk cache: where it is and what it holds, or empty it
 """
 from __future__ import annotations
 
@@ -32,6 +33,27 @@ def bench(argv: list[str]) -> int:
     return 0
 
 
+def cache(action: str) -> int:
+    from .config import config
+    from .runtime import cache_dir
+    root = cache_dir.cache_root()
+    if action == "clear":
+        removed = cache_dir.clear(root)
+        print(f"ember cache: removed {removed / 1e6:.1f} MB from {root}")
+        return 0
+    folders = cache_dir.usage(root)
+    total = sum(b for _, b in folders.values())
+    graphs = folders.get(cache_dir.GRAPHS, (0, 0))[0]
+    private = "private" if cache_dir.is_private(root) else "NOT private: compiled graphs are not cached here"
+    print(f"ember cache: {root} ({private})")
+    print(f"  {graphs} compiled graph{'' if graphs == 1 else 's'}; {total / 1e6:.1f} MB of "
+          f"{config.cache_max_gb:g} GB (ember.config.cache_max_gb); graph cache "
+          f"{'on' if config.graph_cache else 'off'} (ember.config.graph_cache)")
+    for name, (n, b) in sorted(folders.items()):
+        print(f"  {name:<10}{n:>8} files{b / 1e6:>10.1f} MB")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="ember", description="ember, a graph compiler for PyTorch")
@@ -52,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--use-caches", action="store_true", help="keep the on-disk kernel caches (a repeated run "
                    "then shows cache hits); by default every first call compiles into a fresh cache")
     d.add_argument("--show-kernel", action="store_true", help="print the largest kernel ember generated")
+    c = sub.add_parser("cache", help="the on-disk cache of compiled graphs, kernels and autotuning choices: "
+                       "`info` says where it is and what it holds, `clear` empties it")
+    c.add_argument("action", choices=["info", "clear"])
     sub.add_parser("bench", help="memory-bound kernel benchmark; arguments go to benchmarks/kernels.py",
                    add_help=False)
     if argv[:1] == ["bench"]:
@@ -60,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "demo":
         return demo.run(device=args.device, backends=tuple(args.backends.split(",")), steps=args.steps,
                         train=args.train, size=args.size, use_caches=args.use_caches, show_kernel=args.show_kernel)
+    if args.cmd == "cache":
+        return cache(args.action)
     return 2
 
 

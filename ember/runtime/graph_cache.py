@@ -28,6 +28,7 @@ import os
 from typing import Any, Optional
 
 import sympy
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import metrics
 from ..config import config
@@ -81,6 +82,13 @@ class GraphCache:
         return CachedGraph(entry["program"], entry["kernel_count"])
 
     def store(self, program, kernel_count: int) -> None:
+        try:
+            with unset_fake_temporarily():
+                self._store(program, kernel_count)
+        except Exception:               # noqa: BLE001  (a graph that was not stored compiles next time)
+            log.debug("ember graph cache: storing %s failed", self.path, exc_info=True)
+
+    def _store(self, program, kernel_count: int) -> None:
         guards = [g.expr for g in self.env.guards[self.guards_before:]] if self.env is not None else []
         entry = {"format": FORMAT, "key": self.key, "program": program, "kernel_count": kernel_count,
                  "guards": guards, "counters": _counter_changes(self.counters_before)}
@@ -99,8 +107,14 @@ def lookup(gm, example_inputs, kind: str) -> tuple[Optional[GraphCache], Optiona
     on a hit, else None). Counts a hit or a miss while the cache is on."""
     if not config.graph_cache:
         return None, None
-    cache = _open(gm, example_inputs, kind)
-    cached = cache.load() if cache is not None else None
+    cache = cached = None
+    try:
+        # AOTAutograd calls its compilers under its fake mode: constants are hashed and rebuilt as real tensors
+        with unset_fake_temporarily():
+            cache = _open(gm, example_inputs, kind)
+            cached = cache.load() if cache is not None else None
+    except Exception:                   # noqa: BLE001  (the cache never stops a graph from compiling)
+        log.debug("ember graph cache: lookup failed; the graph compiles", exc_info=True)
     if cached is None:
         metrics.graph_cache_misses += 1
     else:

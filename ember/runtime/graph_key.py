@@ -156,7 +156,8 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
 
 
 def graph_symbols(gm: torch.fx.GraphModule, example_inputs) -> tuple[set, object]:
-    """(the size symbols in the graph's values and inputs, their ShapeEnv or None)."""
+    """(the size symbols of the graph's inputs, their ShapeEnv or None). Other values' sizes are expressions
+    of these, or sizes that depend on data, which graph_text refuses."""
     symbols, env = set(), None
 
     def visit(v):
@@ -172,7 +173,8 @@ def graph_symbols(gm: torch.fx.GraphModule, example_inputs) -> tuple[set, object
                 visit(x)
 
     for n in gm.graph.nodes:
-        visit(n.meta.get("val"))
+        if n.op == "placeholder":
+            visit(n.meta.get("val"))
     visit(list(example_inputs))
     return symbols, env
 
@@ -205,7 +207,11 @@ def settings_text() -> str:
 @functools.lru_cache(maxsize=None)
 def ember_source_hash() -> str:
     """A hash of every Python file of the ember package (a changed ember compiles graphs anew)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return source_hash(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def source_hash(root: str) -> str:
+    """A hash of the paths and contents of the Python files under `root`."""
     h = hashlib.sha256()
     for dirpath, dirnames, names in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")

@@ -18,6 +18,7 @@ import pickle
 
 import sympy
 import torch
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from ..device import KernelBackend, backend_key, registered_backend
 from .graph_key import NotCacheable
@@ -30,7 +31,7 @@ _ALLOWED = {
     "ember.runtime.autotune": {"KernelTuning"},
     "ember.runtime.compile_pool": {"WarmSpec"},
     "ember.codegen.triton.heuristics": {"RowSizedConfigs"},
-    "builtins": {"set", "frozenset", "slice", "complex"},
+    "builtins": {"list", "dict", "set", "frozenset", "slice", "complex"},
 }
 _SYMPY_MODULES = ("sympy.", "torch.utils._sympy.", "ember.ir.symbolic")
 
@@ -69,6 +70,8 @@ class _Pickler(pickle.Pickler):
             return _backend, backend_key(obj)
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj)
+        if type(obj) in (immutable_list, immutable_dict):    # FX's read-only containers, as plain ones
+            return (list, (list(obj),)) if isinstance(obj, list) else (dict, (dict(obj),))
         if isinstance(obj, (torch._ops.OperatorBase, torch._ops.OpOverloadPacket)):
             raise NotCacheable(f"the op {obj}")
         if callable(obj) and not isinstance(obj, type) and not isinstance(obj, sympy.Basic) \
