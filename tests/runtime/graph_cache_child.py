@@ -11,26 +11,8 @@ import sys
 import torch
 
 import ember
+from ember.demo import Block          # the demo's GPT block: attention (causal mask, softmax) and a GELU MLP
 pipeline = sys.modules["ember.compile_graph"]     # the module (ember.compile_graph is the function)
-
-
-class Block(torch.nn.Module):
-    """Pre-norm attention and MLP, GPT-style."""
-
-    def __init__(self, dim=32, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
-        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
-        self.fc, self.out = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
 
 
 def step(model, x):
@@ -53,7 +35,7 @@ def main(prefix: str, seed: int) -> None:
 
     pipeline._compile = recording
     torch.manual_seed(0)
-    model = Block()
+    model = Block(d=32, n_head=2, seq=8)
     compiled = torch.compile(model, backend="ember")
     same = torch.randn(2, 8, 32)                  # every process's inputs
     results = step(compiled, same)

@@ -337,3 +337,47 @@ def test_compile_profile_prints_a_table_per_graph(cache, capsys):
                   "kernel compile/load", "cache store"):
         assert stage in err
     assert metrics.compile_seconds > 0 and metrics.compile_stage_seconds["lowering"] > 0
+
+
+def test_dynamic_shapes_through_torch_compile_hit_for_other_sizes(cache):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+
+    def step(x):
+        compiled = torch.compile(model, backend="ember", dynamic=True)
+        model.zero_grad()
+        x = x.clone().requires_grad_(True)
+        out = compiled(x)
+        out.backward(torch.ones_like(out))
+        return [out, x.grad] + [p.grad.clone() for p in model.parameters()]
+
+    def eager(x):
+        model.zero_grad()
+        x = x.clone().requires_grad_(True)
+        out = model(x)
+        out.backward(torch.ones_like(out))
+        return [out, x.grad] + [p.grad.clone() for p in model.parameters()]
+
+    x = torch.randn(6, 16)
+    assert_close(step(x), eager(x))
+    assert metrics.graph_cache_misses == 2
+    torch._dynamo.reset()
+    y = torch.randn(11, 16)                  # another size: the same symbolic graphs
+    assert_close(step(y), eager(y))
+    assert metrics.graph_cache_hits == 2 and metrics.graph_cache_misses == 2 and metrics.eager_fallbacks == 0
+
+
+def test_a_hit_keeps_the_nan_checks(cache):
+    def fn(x):
+        return torch.log(x) * 2
+
+    bad = torch.rand(4, 8) + 0.5
+    bad[1, 2] = -1.0
+    messages = []
+    with ember.config.patch(check_nans=True):
+        for _ in range(2):
+            compiled = _compile(fn, [torch.rand(4, 8) + 0.5])
+            with pytest.raises(ember.EmberNanError, match="fx nodes: mul") as e:
+                compiled([bad.clone()])
+            messages.append(str(e.value))
+    assert metrics.graph_cache_misses == 1 and metrics.graph_cache_hits == 1
+    assert messages[0] == messages[1]
