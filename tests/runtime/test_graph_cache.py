@@ -142,22 +142,23 @@ def test_symbolic_sizes_key_on_guards_not_on_example_sizes():
 
 # --- hits -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("second", ["python", "fx"])
-def test_a_hit_computes_what_a_compile_does(cache, second):
+@pytest.mark.parametrize("wrappers", [("python", "python"), ("python", "fx"), ("fx", "python"), ("fx", "fx")])
+def test_a_hit_computes_what_a_compile_does(cache, wrappers):
     args = _inputs()
-    first = _compile(_mlp, args)
+    with ember.config.patch(wrapper=wrappers[0]):
+        first = _compile(_mlp, args)
     _check(first, _mlp, args)
     fallbacks, buffers = dict(metrics.fallbacks), metrics.buffers_allocated
     assert metrics.graph_cache_misses == 1 and len(_entries(cache)) == 1
     metrics.reset()
     fresh = _inputs()
-    with ember.config.patch(wrapper=second):
+    with ember.config.patch(wrapper=wrappers[1]):
         hit = _compile(_mlp, fresh)
     assert metrics.graph_cache_hits == 1 and metrics.graph_cache_misses == 0
     _check(hit, _mlp, fresh)
     assert dict(metrics.fallbacks) == fallbacks and metrics.buffers_allocated == buffers
     assert hit.kernel_count == first.kernel_count and hit.calls_aten == first.calls_aten
-    if second == "python":
+    if wrappers[0] == wrappers[1]:
         assert hit.source == first.source
 
 
