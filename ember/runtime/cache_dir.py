@@ -21,9 +21,11 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
 import time
 
 GRAPHS = "graphs"
+STALE_TMP_S = 3600        # a temporary file this old was left by a process that died while writing it
 # folders whose files eviction may remove: each file is one cached artifact, found again by its name
 _EVICTABLE_FOLDERS = (GRAPHS, "autotune")
 
@@ -35,10 +37,18 @@ def default_root() -> str:
 
 def cache_root() -> str:
     """The cache directory, created private (0700) if it does not exist."""
-    root = os.environ.get("EMBER_CACHE_DIR") or default_root()
+    root = os.environ.get("EMBER_CACHE_DIR")
+    if root:
+        return _make(root)
+    try:
+        return _make(default_root())
+    except OSError:                    # no writable home: a folder of this user's in the temporary directory
+        return _make(os.path.join(tempfile.gettempdir(), f"ember_cache_{os.getuid()}"))
+
+
+def _make(root: str) -> str:
     if not os.path.isdir(root):
-        parent = os.path.dirname(os.path.abspath(root))
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(root)), exist_ok=True)
         try:
             os.mkdir(root, 0o700)
         except FileExistsError:        # another process made it first
@@ -144,6 +154,7 @@ def _is_hex_folder(name: str) -> bool:
 def files(root: str) -> list[CachedFile]:
     """Every file under the root, each marked with whether eviction may remove it."""
     out = []
+    stale = time.time() - STALE_TMP_S
     for dirpath, _, names in os.walk(root):
         rel = os.path.relpath(dirpath, root).split(os.sep)
         # graphs/ab, autotune, cpp/ab (C++ libraries), ab and ab/__pycache__ (generated Python modules)
@@ -155,7 +166,8 @@ def files(root: str) -> list[CachedFile]:
                 st = os.stat(p)
             except OSError:            # removed meanwhile (another process evicting, a rename)
                 continue
-            out.append(CachedFile(p, st.st_size, max(st.st_atime, st.st_mtime), evictable and not n.endswith(".tmp")))
+            being_written = n.endswith(".tmp") and st.st_mtime > stale
+            out.append(CachedFile(p, st.st_size, max(st.st_atime, st.st_mtime), evictable and not being_written))
     return out
 
 
