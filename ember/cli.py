@@ -6,6 +6,7 @@
     ember report [-o out.html] (script.py | -m module) [args]
                                                  run a program, profile its compiled steps and write an HTML report
                                                  of its graphs and kernels against the machine's rooflines
+    ember cache info | clear                     the on-disk cache: where it is and what it holds, or empty it
 """
 from __future__ import annotations
 
@@ -75,6 +76,25 @@ def report(argv: list[str]) -> int:
         sys.argv, sys.path[:] = saved_argv, saved_path
         report_session.finish()
     return code
+def cache(action: str) -> int:
+    from .config import config
+    from .runtime import cache_dir
+    root = cache_dir.cache_root()
+    if action == "clear":
+        removed = cache_dir.clear(root)
+        print(f"ember cache: removed {removed / 1e6:.1f} MB from {root}")
+        return 0
+    folders = cache_dir.usage(root)
+    total = sum(b for _, b in folders.values())
+    graphs = folders.get(cache_dir.GRAPHS, (0, 0))[0]
+    private = "private" if cache_dir.is_private(root) else "NOT private: compiled graphs are not cached here"
+    print(f"ember cache: {root} ({private})")
+    print(f"  {graphs} compiled graph{'' if graphs == 1 else 's'}; {total / 1e6:.1f} MB of "
+          f"{config.cache_max_gb:g} GB (ember.config.cache_max_gb); graph cache "
+          f"{'on' if config.graph_cache else 'off'} (ember.config.graph_cache)")
+    for name, (n, b) in sorted(folders.items()):
+        print(f"  {name:<10}{n:>8} files{b / 1e6:>10.1f} MB")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--use-caches", action="store_true", help="keep the on-disk kernel caches (a repeated run "
                    "then shows cache hits); by default every first call compiles into a fresh cache")
     d.add_argument("--show-kernel", action="store_true", help="print the largest kernel ember generated")
+    c = sub.add_parser("cache", help="the on-disk cache of compiled graphs, kernels and autotuning choices: "
+                       "`info` says where it is and what it holds, `clear` empties it")
+    c.add_argument("action", choices=["info", "clear"])
     sub.add_parser("bench", help="memory-bound kernel benchmark; arguments go to benchmarks/kernels.py",
                    add_help=False)
     sub.add_parser("report", help="run a program and write an HTML report of its compiled graphs and kernels "
@@ -109,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "demo":
         return demo.run(device=args.device, backends=tuple(args.backends.split(",")), steps=args.steps,
                         train=args.train, size=args.size, use_caches=args.use_caches, show_kernel=args.show_kernel)
+    if args.cmd == "cache":
+        return cache(args.action)
     return 2
 
 

@@ -7,11 +7,13 @@
     generate code        codegen/program.py          groups -> kernels + Wrapper IR
     render + load        codegen/wrapper/            Wrapper IR -> Python `call(args)` (or an FX GraphModule,
                                                      config.wrapper="fx") with kernels loaded
+
+A graph compiled before (in this process or another) skips everything up to rendering: its Wrapper IR
+comes from the on-disk graph cache (runtime/graph_cache.py). runtime/compile_profile.py times each stage.
 """
 from __future__ import annotations
 
 import os
-import time
 import traceback
 import warnings
 from typing import Callable
@@ -32,7 +34,9 @@ from .graph import decompose as decomp
 from .graph.passes import post_grad
 from .ir.symbolic import hint
 from .lowering.graph_lowering import GraphLowering
+from .runtime import graph_cache
 from .runtime.checks import EmberNanError
+from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
@@ -127,56 +131,78 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
 
 
 def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
-
     config.validate()
     check_backend_settings()
-    t0 = time.perf_counter()
-    dump = DebugDump(kind)
     # config.report: what this graph holds and how long its calls take, for the report written at exit
     report = report_session().begin_graph(kind) if config.report else None
+    with CompileProfile(kind) as profile:
+        with profile.stage("cache lookup"):
+            # a report reads the pipeline's stages, which a hit skips
+            cache, cached = graph_cache.lookup(gm, example_inputs, kind) if report is None else (None, None)
+        dump = DebugDump(kind)
+        if cached is not None:
+            profile.cache = "hit"
+            program, kernel_count, kernels = cached.program, cached.kernel_count, []
+        else:
+            profile.cache = "miss" if cache is not None else "off"
+            gm, program, builder = _generate(gm, example_inputs, kind, dump, profile, report)
+            kernel_count, kernels = builder.kernel_count, builder.kernels
+            if cache is not None:
+                with profile.stage("cache store"):
+                    cache.store(program, kernel_count)
+        profile.kernels = kernel_count
+        with profile.stage("render"):
+            fn, source = compile_fx(program) if config.wrapper == "fx" else compile_python(program)
+        fn = guard_current_device(fn, program)
+        if cudagraphs:
+            fn = cudagraph_runner(fn, gm, example_inputs, kind)
+        dump.write("wrapper.py", source)
+        by_extension: dict = {}
+        for k in program.kernels():
+            by_extension.setdefault(k.backend.file_extension, []).append(k.source)
+        for ext, sources in by_extension.items():
+            dump.write(f"kernels.{ext}", "\n\n".join(sources))
+    metrics.graphs_compiled += 1
+    metrics.generated_kernel_count += kernel_count
+    seconds = sum(profile.seconds.values())
+    dump.write("summary.txt", f"compile seconds: {seconds:.3f}\n"
+                              f"kernels: {kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
+    if report is not None:
+        report.compile_seconds, report.stage_seconds = seconds, dict(profile.seconds)
+        fn = report_session().observe(report, fn)
+    calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
+    return CompiledGraph(fn, source, kernel_count, gm, kernels, calls_aten)
+
+
+def _generate(gm, example_inputs, kind, dump, profile, report):
+    """The pipeline up to the Wrapper IR: -> (the graph after decomposition and passes, the program, its
+    ProgramBuilder)."""
     dump.write("fx_graph.txt", lambda: gm.print_readable(print_output=False))
-    decomp.pin_factory_devices(gm)
-    gm = decomp.decompose(gm, example_inputs)
+    with profile.stage("decompose"):
+        decomp.pin_factory_devices(gm)
+        gm = decomp.decompose(gm, example_inputs)
     gm.meta[post_grad.GRAPH_KIND] = kind
-    gm = post_grad.run(gm)
+    with profile.stage("post-grad passes"):
+        gm = post_grad.run(gm)
     dump.write("post_grad_graph.txt", lambda: gm.print_readable(print_output=False))
 
     lowering = GraphLowering(gm)
     with state.bind(state.graph, lowering):   # size hints and buffer lookups, for every stage below
-        lowering.run(*_placeholder_values(gm, example_inputs))
+        with profile.stage("lowering"):
+            lowering.run(*_placeholder_values(gm, example_inputs))
         dump.write("ir_pre_fusion.txt", lambda: describe_buffers(lowering.buffers))
 
-        nodes = build_nodes(lowering.buffers)
-        groups = Fusion(nodes, _nbytes(lowering)).run()
+        with profile.stage("scheduling/fusion"):
+            nodes = build_nodes(lowering.buffers)
+            groups = Fusion(nodes, _nbytes(lowering)).run()
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
-        builder = ProgramBuilder(lowering, groups, report.prefix if report is not None else None)
-        program = builder.build()
+        with profile.stage("code generation"):
+            builder = ProgramBuilder(lowering, groups, report.prefix if report is not None else None)
+            program = builder.build()
         if report is not None:
             collect_graph(report, gm, lowering, groups, program)
-    if config.wrapper == "fx":
-        fn, source = compile_fx(program)
-    else:
-        fn, source = compile_python(program)
-    fn = guard_current_device(fn, program)
-    if cudagraphs:
-        fn = cudagraph_runner(fn, gm, example_inputs, kind)
-    dump.write("wrapper.py", source)
-    by_extension: dict = {}
-    for k in program.kernels():
-        by_extension.setdefault(k.backend.file_extension, []).append(k.source)
-    for ext, sources in by_extension.items():
-        dump.write(f"kernels.{ext}", "\n\n".join(sources))
-    metrics.graphs_compiled += 1
-    metrics.generated_kernel_count += builder.kernel_count
-    seconds = time.perf_counter() - t0
-    dump.write("summary.txt", f"compile seconds: {seconds:.3f}\n"
-                              f"kernels: {builder.kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
-    if report is not None:
-        report.compile_seconds = seconds
-        fn = report_session().observe(report, fn)
-    calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
-    return CompiledGraph(fn, source, builder.kernel_count, gm, builder.kernels, calls_aten)
+    return gm, program, builder
 
 
 def _placeholder_values(gm, example_inputs):

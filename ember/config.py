@@ -13,6 +13,11 @@ import os
 from typing import Any, Optional
 
 
+def _env_float(name: str, default: float) -> float:
+    v = os.environ.get(name)
+    return default if v is None or v == "" else float(v)
+
+
 def _env_bool(name: str, default: bool) -> bool:
     v = os.environ.get(name)
     if v is None or v == "":
@@ -82,6 +87,13 @@ class Config:
     direct_inference_call: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DIRECT_CALL", True))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
+    # Keep compiled graphs on disk (runtime/graph_cache.py) and reuse them in later processes: a graph
+    # compiled before, with the same settings and ember, skips its whole compile.
+    graph_cache: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_GRAPH_CACHE", True))
+    # The on-disk cache's size limit in GB: past it, the least recently used files are removed.
+    cache_max_gb: float = dataclasses.field(default_factory=lambda: _env_float("EMBER_CACHE_MAX_GB", 10.0))
+    # Print a table per compiled graph on stderr: seconds per compile stage (runtime/compile_profile.py).
+    compile_profile: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_COMPILE_PROFILE", False))
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)
     joint_passes: list = dataclasses.field(default_factory=list)
@@ -106,6 +118,15 @@ class Config:
         # settings that name a kernel backend are checked against the registry (device.check_backend_settings)
         if self.wrapper not in ("python", "fx"):
             raise ValueError(f"ember.config.wrapper={self.wrapper!r}: use 'python' or 'fx'")
+
+
+# Settings that leave a graph's Wrapper IR as it is: they act before ember receives the graph (the pre-grad
+# and joint passes change the graph itself), on how the program is rendered or run, or on ember's own
+# bookkeeping. The graph cache's key holds every other setting (runtime/graph_key.py).
+NOT_IN_PROGRAM = ("fallback_on_error", "debug", "debug_dir", "debug_sync", "wrapper", "fx_wrapper_class",
+                  "compile_workers", "fast_launch", "static_launch", "direct_inference_call", "pre_grad_passes",
+                  "joint_passes", "graph_cache", "cache_max_gb", "compile_profile", "cudagraphs",
+                  "cudagraph_max_sizes", "report_steps", "report_warmup")
 
 
 class _Patch(contextlib.ContextDecorator):

@@ -86,16 +86,28 @@ def backend_for(device) -> KernelBackend:
     device_type = torch.device(device).type
     setting = _SETTINGS.get(device_type)
     name = getattr(config, setting) if setting else _DEFAULTS.get(device_type)
+    if (device_type, name) not in _FACTORIES:
+        choices = backend_names(device_type)
+        if setting and choices:
+            raise ValueError(f"ember.config.{setting}={name!r}: use one of {', '.join(map(repr, choices))}")
+        raise NotImplementedError(f"ember has no kernel backend for device {device}")
+    return registered_backend(device_type, name)
+
+
+def registered_backend(device_type: str, name: str) -> KernelBackend:
+    """The backend registered as `name` for `device_type` (KeyError if none is)."""
     key = (device_type, name)
     if key not in _INSTANCES:
-        factory = _FACTORIES.get(key)
-        if factory is None:
-            choices = backend_names(device_type)
-            if setting and choices:
-                raise ValueError(f"ember.config.{setting}={name!r}: use one of {', '.join(map(repr, choices))}")
-            raise NotImplementedError(f"ember has no kernel backend for device {device}")
-        _INSTANCES[key] = factory()
+        _INSTANCES[key] = _FACTORIES[key]()
     return _INSTANCES[key]
+
+
+def backend_key(backend: KernelBackend) -> tuple[str, str]:
+    """(device type, registered name) of a backend made by the registry: how a cached program names it."""
+    for key, instance in _INSTANCES.items():
+        if instance is backend:
+            return key
+    raise KeyError(f"{backend!r} was not made by ember's backend registry")
 
 
 def check_backend_settings() -> None:

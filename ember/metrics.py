@@ -3,43 +3,45 @@ from __future__ import annotations
 
 import collections
 
-graphs_compiled = 0
-generated_kernel_count = 0
+# name -> what it counts; every one starts at zero and `reset()` sets it back
+_COUNTS = {
+    "graphs_compiled": "graphs compiled (cache hits included)",
+    "generated_kernel_count": "kernels generated",
+    "buffers_allocated": "buffers the wrappers allocate (per compile)",
+    "eager_fallbacks": "graphs that failed to compile and ran eagerly",
+    "in_place_buffers": "kernel outputs written over a dying input's memory",
+    "direct_graphs": "inference graphs called without AOTAutograd's wrapper",
+    "attention_rewrites": "hand-written attentions rewritten to SDPA",
+    "cudagraph_records": "graphs recorded into a CUDA graph",
+    "cudagraph_replays": "CUDA graph replays",
+    "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
+    "graph_cache_hits": "graphs loaded from the on-disk graph cache",
+    "graph_cache_misses": "graphs compiled while the graph cache was on",
+}
+
+graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
+direct_graphs = attention_rewrites = cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
+graph_cache_hits = graph_cache_misses = 0
+compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
-buffers_allocated = 0                                      # buffers the wrappers allocate (per compile)
-eager_fallbacks = 0                                        # graphs that failed to compile and ran eagerly
-in_place_buffers = 0                                       # kernel outputs written over a dying input's memory
-direct_graphs = 0                                          # inference graphs called without AOTAutograd's wrapper
-cudagraph_records = 0                                      # graphs recorded into a CUDA graph
-cudagraph_replays = 0                                      # CUDA graph replays
-cudagraph_output_copies = 0                                # outputs returned as copies, being held past a replay
-attention_rewrites = 0                                     # hand-written attentions rewritten to SDPA
+compile_stage_seconds: collections.Counter = collections.Counter()   # ... per stage (runtime/compile_profile.py)
+
+# What the pipeline (lowering to code generation) counts: a graph cache hit adds what the compile it
+# replaces added.
+PIPELINE_COUNTERS = ("fallbacks", "buffers_allocated", "in_place_buffers", "attention_rewrites")
 
 
 def reset() -> None:
-    global graphs_compiled, generated_kernel_count, buffers_allocated, eager_fallbacks, in_place_buffers, direct_graphs
-    global cudagraph_records, cudagraph_replays, cudagraph_output_copies, attention_rewrites
-    cudagraph_records = cudagraph_replays = cudagraph_output_copies = attention_rewrites = 0
-    graphs_compiled = 0
-    generated_kernel_count = 0
-    buffers_allocated = 0
-    eager_fallbacks = 0
-    in_place_buffers = 0
-    direct_graphs = 0
+    global compile_seconds
+    for name in _COUNTS:
+        globals()[name] = 0
+    compile_seconds = 0.0
     fallbacks.clear()
+    compile_stage_seconds.clear()
 
 
 def summary() -> dict:
-    return {
-        "graphs_compiled": graphs_compiled,
-        "generated_kernel_count": generated_kernel_count,
-        "fallbacks": dict(fallbacks),
-        "buffers_allocated": buffers_allocated,
-        "eager_fallbacks": eager_fallbacks,
-        "in_place_buffers": in_place_buffers,
-        "direct_graphs": direct_graphs,
-        "cudagraph_records": cudagraph_records,
-        "cudagraph_replays": cudagraph_replays,
-        "cudagraph_output_copies": cudagraph_output_copies,
-        "attention_rewrites": attention_rewrites,
-    }
+    out = {name: globals()[name] for name in _COUNTS}
+    out.update(fallbacks=dict(fallbacks), compile_seconds=compile_seconds,
+               compile_stage_seconds=dict(compile_stage_seconds))
+    return out

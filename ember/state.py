@@ -10,7 +10,8 @@ reads); tables filled once as ember is imported (the lowerings of lowering/regis
 lower, published to graph/decompose.py); caches of what a process never changes (the decomposition table,
 each pattern's traced graphs); and three process-wide resources: the loaded Triton helper module
 (`runtime/loader.py`), the C++ toolchain found on the machine (`codegen/cpp/build.py`) and the pool of
-compile workers (`runtime/compile_pool.py`).
+compile workers (`runtime/compile_pool.py`). The compile profile of the graph being compiled is a context
+variable of `runtime/compile_profile.py`, which times stages and reads nothing else.
 """
 from __future__ import annotations
 

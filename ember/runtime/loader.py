@@ -1,30 +1,36 @@
-"""Load generated Python code (wrapper modules, Triton kernel modules) from files in an on-disk cache,
-keyed by a hash of their source: Triton reads its kernels' source files."""
+"""Load generated Python code (wrapper modules, Triton kernel modules) from files in the on-disk cache
+(runtime/cache_dir.py), keyed by a hash of their source: Triton reads its kernels' source files. The code
+run is compiled from the source in memory; the file is rewritten when it no longer holds that source."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import os
-import tempfile
 import types
+
+from .cache_dir import cache_root, mark_used, write_atomically
 
 
 def cache_dir() -> str:
-    d = os.environ.get("EMBER_CACHE_DIR") or os.path.join(tempfile.gettempdir(), f"ember_cache_{os.getuid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
+    """The cache root (created private if missing)."""
+    return cache_root()
 
 
 def _write(source: str, prefix: str) -> tuple[str, str]:
-    key = hashlib.sha256(source.encode()).hexdigest()[:20]
+    data = source.encode()
+    key = hashlib.sha256(data).hexdigest()[:20]
     sub = os.path.join(cache_dir(), key[:2])
     os.makedirs(sub, exist_ok=True)
     path = os.path.join(sub, f"{prefix}_{key}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+    try:
+        with open(path, "rb") as f:
+            intact = f.read() == data
+    except OSError:
+        intact = False
+    if intact:
+        mark_used(path)
+    else:                       # new, or truncated or changed since it was written
+        write_atomically(path, data)
     return f"{prefix}_{key}", path
 
 
@@ -34,5 +40,6 @@ def load_module(source: str, prefix: str, extra_globals: dict | None = None) -> 
     mod = importlib.util.module_from_spec(spec)
     if extra_globals:
         mod.__dict__.update(extra_globals)
-    spec.loader.exec_module(mod)
+    # compiled from `source`, not read back from the file (nor from a bytecode file beside it)
+    exec(compile(source, path, "exec"), mod.__dict__)
     return mod

@@ -3,7 +3,9 @@ and load it in-process with ctypes.
 
 The library is keyed by a hash of the source, the flags, the compiler's version and (because of
 -march=native) the host CPU, so a cache directory shared between machines never hands one a library
-built for another. The compiler's flags are probed once per compiler: a toolchain without OpenMP or
+built for another. Every file reused from the cache is checked first (the library and the precompiled
+header against the checksum recorded when they were built, the probed flags by their own checksum): a
+truncated or corrupted one is built again. The compiler's flags are probed once per compiler: a toolchain without OpenMP or
 -march=native still works, single-threaded or generic; glibc's libmvec, where it links, gives the
 vectorizer SIMD exp/log/sin/erf/tanh... With GCC the prelude is a precompiled header, which more
 than halves the compile time of a small graph.
@@ -21,6 +23,7 @@ import threading
 
 import torch
 
+from ...runtime.cache_dir import read_checked, record_digest, verified, write_checked
 from ...runtime.loader import cache_dir
 from .prelude import PRELUDE
 
@@ -74,7 +77,8 @@ def find_compiler() -> list[str]:
     raise CppBuildError(f"ember's C++ backend found no C++ compiler (looked for $CXX, c++, g++, clang++); {_FIX}")
 
 
-def _host_tag() -> str:
+def host_tag() -> str:
+    """The host CPU's model and ISA flags (what -march=native compiles for)."""
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()
@@ -120,9 +124,9 @@ def _probe_flags(cxx: list[str], version: str) -> tuple[list[str], list[str]]:
     os.makedirs(d, exist_ok=True)
     key = hashlib.sha256("\0".join(cxx + [version] + _BASE_FLAGS + _MVEC[1]).encode()).hexdigest()[:16]
     memo = os.path.join(d, f"flags_{key}.txt")
-    if os.path.exists(memo):
-        with open(memo) as f:
-            flags, _, libs = f.read().partition("|")
+    known = read_checked(memo)
+    if known is not None:
+        flags, _, libs = known.decode().partition("|")
         return flags.split(), libs.split()
     candidates = [_BASE_FLAGS,
                   [f for f in _BASE_FLAGS if f != "-march=native"],
@@ -140,10 +144,7 @@ def _probe_flags(cxx: list[str], version: str) -> tuple[list[str], list[str]]:
     libs: list[str] = []
     if not _try_build(cxx, chosen + _MVEC[0], PRELUDE + _PROBE_MVEC, _MVEC[1], load=True):
         chosen, libs = chosen + _MVEC[0], _MVEC[1]
-    tmp = f"{memo}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(" ".join(chosen) + "|" + " ".join(libs))
-    os.replace(tmp, memo)
+    write_checked(memo, (" ".join(chosen) + "|" + " ".join(libs)).encode())
     return chosen, libs
 
 
@@ -168,16 +169,17 @@ def _prelude_header() -> str | None:
     root = cache_dir()
     with _lock:
         known = _toolchain.setdefault("pch", {})
+        # checked against its checksum once per process (below), then only seen to be there
         if root in known and (known[root] is None or os.path.exists(known[root] + ".gch")):
             return known[root]
     cxx, version, flags, _ = toolchain()
     header = None
     if "clang" not in version.lower():
-        key = hashlib.sha256("\0".join([PRELUDE, " ".join(flags), version, " ".join(cxx), _host_tag()]).encode())
+        key = hashlib.sha256("\0".join([PRELUDE, " ".join(flags), version, " ".join(cxx), host_tag()]).encode())
         d = os.path.join(root, "cpp", f"prelude_{key.hexdigest()[:16]}")
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "ember_prelude.h")
-        if not os.path.exists(path + ".gch"):
+        if not (verified(path + ".gch") and _holds(path, PRELUDE)):
             uniq = f"{os.getpid()}_{threading.get_ident()}"
             with open(f"{path}.{uniq}.tmp", "w") as f:
                 f.write(PRELUDE)
@@ -187,13 +189,24 @@ def _prelude_header() -> str | None:
                 r = _run(cxx + compile_flags + ["-x", "c++-header", path, "-o", f"{path}.gch.{uniq}"])
                 if r.returncode == 0:
                     os.replace(f"{path}.gch.{uniq}", path + ".gch")
+                    record_digest(path + ".gch")
             except (OSError, subprocess.SubprocessError):
                 pass
-        if os.path.exists(path + ".gch"):
+            if verified(path + ".gch"):
+                header = path
+        else:
             header = path
     with _lock:
         _toolchain["pch"][root] = header
     return header
+
+
+def _holds(path: str, text: str) -> bool:
+    try:
+        with open(path) as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _tail(text: str, lines: int = 30) -> str:
@@ -203,12 +216,12 @@ def _tail(text: str, lines: int = 30) -> str:
 def build(source: str) -> str:
     """Compile `source` into a shared library (or find it in the cache); returns its path."""
     cxx, version, flags, libs = toolchain()
-    tag = _host_tag() if "-march=native" in flags else ""
+    tag = host_tag() if "-march=native" in flags else ""
     key = hashlib.sha256("\0".join([source, " ".join(flags + libs), version, " ".join(cxx), tag]).encode()).hexdigest()[:24]
     d = os.path.join(cache_dir(), "cpp", key[:2])
     os.makedirs(d, exist_ok=True)
     lib = os.path.join(d, f"ember_cpp_{key}.so")
-    if os.path.exists(lib):
+    if verified(lib):
         return lib
     src = os.path.join(d, f"ember_cpp_{key}.cpp")
     uniq = f"{os.getpid()}_{threading.get_ident()}"
@@ -233,6 +246,7 @@ def build(source: str) -> str:
             f"rejecting generated code is an ember bug: please report it). To fix: {_FIX}.\n"
             f"compiler output (last lines):\n{_tail(r.stderr)}")
     os.replace(tmp, lib)  # atomic: a concurrent build of the same key just replaces an identical file
+    record_digest(lib)
     return lib
 
 

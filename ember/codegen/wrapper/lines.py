@@ -9,6 +9,7 @@ import torch
 
 from ...runtime.autotune import KernelTuning
 from ...runtime.compile_pool import WarmSpec
+from ...runtime.compile_profile import stage
 
 
 class Name(str):
@@ -167,6 +168,7 @@ class WrapperProgram:
         for k in self.kernels():
             by_backend.setdefault(k.backend, []).append(k)
         out: dict = {}
-        for backend, kernels in by_backend.items():
-            out.update(backend.load(kernels))
+        with stage("kernel compile/load"):
+            for backend, kernels in by_backend.items():
+                out.update(backend.load(kernels))
         return out
