@@ -64,6 +64,8 @@ def _other_value(v):
         return v * 2 + 1
     if isinstance(v, str):
         return v + "_other"
+    if v is None:                     # an optional path (config.report)
+        return "other.html"
     raise AssertionError(f"no other value for {v!r}")
 
 
