@@ -87,7 +87,14 @@ def test_sdpa_stays_fused(case, training, device, graphs):
     fn, args = _sdpa_case(case, device)
     with torch.set_grad_enabled(training):
         check(fn, *args, grad=training)
-    assert_fused(graphs, training)
+    # on a GPU, eager itself runs GQA in the math form when no fused kernel takes it: ember does the same
+    if case != "gqa" or _eager_fuses(*args, enable_gqa=True):
+        assert_fused(graphs, training)
+
+
+def _eager_fuses(q, k, v, **kwargs) -> bool:
+    from torch.nn.attention import SDPBackend
+    return torch._fused_sdp_choice(q, k, v, **kwargs) != SDPBackend.MATH.value
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])

@@ -90,6 +90,24 @@ class IndexPrinter(StrPrinter):
         inner = self._paren(a) if d == 1 else f"({self._paren(a)} {self.floordiv} {self._paren(d)})"
         return f"({inner} % {self._paren(m)})"
 
+    def _print_CeilToInt(self, expr):
+        # torch's shape functions: ceil(a / b) of non-negative integers, as (a + b - 1) // b
+        a, b = self._ratio(expr.args[0])
+        return f"(({self._paren(a)} + {self._paren(b - 1)}) {self.floordiv} {self._paren(b)})"
+
+    def _print_FloorToInt(self, expr):
+        a, b = self._ratio(expr.args[0])
+        return f"({self._paren(a)} {self.floordiv} {self._paren(b)})"
+
+    @staticmethod
+    def _ratio(e):
+        if type(e).__name__ in ("IntTrueDiv", "FloatTrueDiv"):
+            return e.args
+        num, den = sympy.fraction(sympy.together(e))
+        if not (num.is_integer and den.is_integer):
+            raise ValueError(f"cannot print {e} as index arithmetic")
+        return num, den
+
     def _print_Min(self, expr):
         return self._minmax("min", expr.args)
 

@@ -118,7 +118,8 @@ class CudaCapture:
 
     def __init__(self, pool: "_Pool"):
         self.graph = torch.cuda.CUDAGraph()
-        if pool.handle is None:
+        if pool.handle is None or not pool.live():
+            # torch releases a pool with the last graph recorded into it: its handle is then stale
             pool.handle = torch.cuda.graph_pool_handle()
         self.pool = pool.handle
 
@@ -181,9 +182,14 @@ class _Pool:
         self.handle = None
         self.recordings: list = []       # weak references, oldest first
 
-    def later_than(self, rec: _Recording) -> list:
+    def live(self) -> list:
+        """The recordings still alive, oldest first."""
         live = [r for r in (w() for w in self.recordings) if r is not None]
         self.recordings = [weakref.ref(r) for r in live]
+        return live
+
+    def later_than(self, rec: _Recording) -> list:
+        live = self.live()
         return live[live.index(rec) + 1:] if rec in live else []
 
 

@@ -124,3 +124,17 @@ def test_bounds_in_symbolic_sizes_simplify_views():
     # what the bounds do not decide stays
     assert simplify_index(ModularIndexing(x, 1, s0), ((x, s1),)) == ModularIndexing(x, 1, s0)
     assert simplify_index(FloorDiv(s0 * x + r, s0), ((x, s1), (r, s0 + 1))) == FloorDiv(s0 * x + r, s0)
+
+
+def test_index_printer_spells_torchs_ceil_and_floor_of_a_ratio():
+    # shapes of fused attention's outputs on a GPU hold CeilToInt(IntTrueDiv(s, 16)) with symbolic sizes
+    import math
+    import sympy
+    from torch.utils._sympy.functions import CeilToInt, FloorToInt, IntTrueDiv
+    from ember.codegen.kernel import print_index
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    for expr, ref in ((CeilToInt(IntTrueDiv(s, 16)), lambda v: math.ceil(v / 16)),
+                      (CeilToInt(s / 16), lambda v: math.ceil(v / 16)),
+                      (FloorToInt(IntTrueDiv(s + 3, 4)) * 16, lambda v: (v + 3) // 4 * 16)):
+        src = print_index(expr)
+        assert [eval(src, {"s0": v}) for v in (1, 15, 16, 17, 33, 1000)] == [ref(v) for v in (1, 15, 16, 17, 33, 1000)]
