@@ -141,6 +141,8 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
             cache, cached = graph_cache.lookup(gm, example_inputs, kind) if report is None else (None, None)
         dump = DebugDump(kind)
         if cached is not None:
+            # the CompiledGraph keeps the graph it was given (an eager fallback runs it) and, having no fusion
+            # groups, an empty `kernels` (what the debug tools read)
             profile.cache = "hit"
             program, kernel_count, kernels = cached.program, cached.kernel_count, []
         else:

@@ -94,6 +94,8 @@ class Config:
     cache_max_gb: float = dataclasses.field(default_factory=lambda: _env_float("EMBER_CACHE_MAX_GB", 10.0))
     # Print a table per compiled graph on stderr: seconds per compile stage (runtime/compile_profile.py).
     compile_profile: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_COMPILE_PROFILE", False))
+    # No progress line on stderr while a long compile runs (it shows only on a terminal; runtime/progress.py).
+    quiet: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_QUIET", False))
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)
     joint_passes: list = dataclasses.field(default_factory=list)
@@ -125,7 +127,7 @@ class Config:
 # bookkeeping. The graph cache's key holds every other setting (runtime/graph_key.py).
 NOT_IN_PROGRAM = ("fallback_on_error", "debug", "debug_dir", "debug_sync", "wrapper", "fx_wrapper_class",
                   "compile_workers", "fast_launch", "static_launch", "direct_inference_call", "pre_grad_passes",
-                  "joint_passes", "graph_cache", "cache_max_gb", "compile_profile", "cudagraphs",
+                  "joint_passes", "graph_cache", "cache_max_gb", "compile_profile", "quiet", "cudagraphs",
                   "cudagraph_max_sizes", "report_steps", "report_warmup")
 
 

@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("run with EMBER_CPU_BACKEND=triton TRITON_INTERPRET=1 (the Triton backend, on fake CPU tensors)")
     _count_as_on_a_gpu()
     ember.config.wrapper = "python"     # definitions are counted where the Python wrapper loads its kernels
+    ember.config.graph_cache = False    # counted as the pipeline generates them (a cache hit generates none)
     model, n_out = _model(a.model)
     example = models.make_inputs(a.model, "train", False, n_out, "cpu")      # only their sizes are used
     image = "x" in example

@@ -9,10 +9,12 @@ import ember  # noqa: F401  (sets TRITON_INTERPRET=1 on machines without a GPU, 
 from ember.testing import check, fresh_compile  # noqa: F401
 
 
-# A graph cache hit skips the pipeline a test is about, monkeypatches included: the suite compiles every
-# graph unless EMBER_GRAPH_CACHE=1 is set (a stress test of the cache: run the suite twice). The graph
-# cache's own tests turn it on with a cache directory of their own.
+# A graph cache hit skips the pipeline a test is about, monkeypatches included: the suite, and the processes
+# its tests start, compile every graph unless EMBER_GRAPH_CACHE=1 is set (a stress test of the cache: run
+# the suite twice; tests that inspect or patch the pipeline then fail). The graph cache's own tests turn it
+# on with a cache directory of their own.
 GRAPH_CACHE = bool(os.environ.get("EMBER_GRAPH_CACHE")) and ember.config.graph_cache
+os.environ.setdefault("EMBER_GRAPH_CACHE", "0")
 
 
 @pytest.fixture(autouse=True)

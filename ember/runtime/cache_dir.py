@@ -171,9 +171,9 @@ def files(root: str) -> list[CachedFile]:
     return out
 
 
-def evict(root: str, max_bytes: float, keep: str | None = None) -> int:
+def evict(root: str, max_bytes: float, keep: str | None = None) -> tuple[int, int]:
     """Remove the least recently used evictable files until the cache holds at most `max_bytes` (or nothing
-    evictable is left). `keep` (a file just written) stays. Returns the bytes removed."""
+    evictable is left). `keep` (a file just written) stays. Returns (bytes removed, bytes left)."""
     found = files(root)
     total = sum(f.size for f in found)
     removed = 0
@@ -185,7 +185,21 @@ def evict(root: str, max_bytes: float, keep: str | None = None) -> int:
             removed += f.size
         except FileNotFoundError:       # another process evicted it first
             pass
-    return removed
+    return removed, total - removed
+
+
+RESCAN_S = 600.0
+_sizes: dict = {}         # root -> [bytes at its last scan plus what this process wrote since, time of the scan]
+
+
+def evict_after_write(root: str, max_bytes: float, path: str, written: int) -> None:
+    """`evict`, after writing `written` bytes to `path`, but without walking the whole cache while the
+    size known from its last scan (at most RESCAN_S ago), plus what this process wrote since, fits."""
+    known = _sizes.get(root)
+    if known is not None and known[0] + written <= max_bytes and time.time() - known[1] < RESCAN_S:
+        known[0] += written
+        return
+    _sizes[root] = [evict(root, max_bytes, keep=path)[1], time.time()]
 
 
 def usage(root: str) -> dict:
@@ -201,6 +215,7 @@ def usage(root: str) -> dict:
 
 def clear(root: str) -> int:
     """Remove everything under the root (the root stays). Returns the bytes removed."""
+    _sizes.pop(root, None)
     removed = sum(f.size for f in files(root))
     for name in os.listdir(root):
         p = os.path.join(root, name)

@@ -26,6 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import config
+from .compile_profile import kernels_compiled
 
 log = logging.getLogger("ember")
 JOB_TIMEOUT_S = 600.0      # one (kernel, config) compile; Triton takes seconds, autotuned giants a minute
@@ -98,7 +99,8 @@ class CompilePool:
     def run(self, jobs: list) -> list:
         """Run every job; -> a list of error texts (empty when all compiled)."""
         errors = []
-        for fut in [self.threads.submit(self._ask, j) for j in jobs]:
+        for done, fut in enumerate([self.threads.submit(self._ask, j) for j in jobs]):
+            kernels_compiled(done, len(jobs))
             try:
                 err = fut.result()
             except Exception as e:            # a worker died: stop using the pool, launches compile

@@ -1,6 +1,7 @@
 """Where a graph's compile time goes: seconds per stage of compile_graph, added to
 `ember.metrics.compile_seconds` and `ember.metrics.compile_stage_seconds`, and with
-`ember.config.compile_profile` (EMBER_COMPILE_PROFILE=1) printed on stderr as one table per graph.
+`ember.config.compile_profile` (EMBER_COMPILE_PROFILE=1) printed on stderr as one table per graph. While a
+long compile runs on a terminal, runtime/progress.py shows its stage on one updating line.
 
 A stage's seconds exclude the stages timed inside it (loading kernels happens inside rendering the
 wrapper), so the stages add up to the graph's compile time, less the untimed rest ("other").
@@ -16,6 +17,7 @@ from typing import Iterator
 
 from .. import metrics
 from ..config import config
+from .progress import ProgressLine
 
 STAGES = ("cache lookup", "decompose", "post-grad passes", "lowering", "scheduling/fusion", "code generation",
           "render", "kernel compile/load", "cache store")
@@ -33,15 +35,21 @@ class CompileProfile:
         self.seconds: dict[str, float] = {}
         self.cache = "off"                  # "hit", "miss" or "off", for the table
         self.kernels = 0
+        self.number = next(_graph_numbers)
         self._open: list = []               # [stage, start, seconds of the stages inside it]
+        self.progress = None
 
     def __enter__(self) -> "CompileProfile":
         self._start = time.perf_counter()
         self._token = _current.set(self)
+        if ProgressLine.wanted():
+            self.progress = ProgressLine(f"graph {self.number} ({self.kind})", self.current_stage).start()
         return self
 
     def __exit__(self, exc_type, *rest) -> bool:
         _current.reset(self._token)
+        if self.progress is not None:
+            self.progress.stop()
         total = time.perf_counter() - self._start
         metrics.compile_seconds += total
         for name, s in self.seconds.items():
@@ -49,6 +57,12 @@ class CompileProfile:
         if config.compile_profile:
             print(self.table(total, failed=exc_type is not None), file=sys.stderr, flush=True)
         return False
+
+    def current_stage(self) -> str:
+        try:                                # read by the progress line's thread while stages open and close
+            return self._open[-1][0]
+        except IndexError:
+            return ""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -65,7 +79,7 @@ class CompileProfile:
 
     def table(self, total: float, failed: bool = False) -> str:
         outcome = "failed" if failed else f"{self.kernels} kernels, cache {self.cache}"
-        lines = [f"ember compile profile: graph {next(_graph_numbers)} ({self.kind}), {outcome}, {total:.3f} s",
+        lines = [f"ember compile profile: graph {self.number} ({self.kind}), {outcome}, {total:.3f} s",
                  f"  {'stage':<22}{'seconds':>9}{'share':>8}"]
         names = list(STAGES) + [n for n in self.seconds if n not in STAGES]
         for name in names + ["other"]:
@@ -75,6 +89,13 @@ class CompileProfile:
             else:
                 lines.append(f"  {name:<22}{s:9.3f}{100 * s / max(total, 1e-9):7.1f}%")
         return "\n".join(lines)
+
+
+def kernels_compiled(done: int, total: int) -> None:
+    """Progress of the kernel compiles of the graph being compiled, for its progress line."""
+    profile = _current.get()
+    if profile is not None and profile.progress is not None:
+        profile.progress.kernels = (done, total)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .. import metrics
 from ..config import config
 from . import program_pickle
-from .cache_dir import (GRAPHS, cache_root, evict, is_private, mark_used, read_checked, subfolder,
+from .cache_dir import (GRAPHS, cache_root, evict_after_write, is_private, mark_used, read_checked, subfolder,
                         write_checked)
 from .graph_key import NotCacheable, graph_key, graph_symbols
 
@@ -99,7 +99,7 @@ class GraphCache:
             return
         write_checked(self.path, payload)
         if config.cache_max_gb is not None and config.cache_max_gb > 0:
-            evict(cache_root(), config.cache_max_gb * (1 << 30), keep=self.path)
+            evict_after_write(cache_root(), config.cache_max_gb * (1 << 30), self.path, len(payload))
 
 
 def lookup(gm, example_inputs, kind: str) -> tuple[Optional[GraphCache], Optional[CachedGraph]]:
