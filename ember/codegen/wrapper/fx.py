@@ -12,7 +12,7 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
                      a kernel whose config follows the sizes, launched as kernel.run(*args))
     CallExtern       call_function of the op
     MultiOutputLine  operator.getitem
-    View             torch.as_strided
+    View             torch.as_strided at the base's storage_offset() plus the view's offset
     Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
 
     Return           the output node
@@ -273,8 +273,11 @@ class FxRenderer:
         self._call(ln.name, operator.getitem, (node, ln.path[-1]))
 
     def view(self, ln: View):
-        self._call(ln.name, torch.as_strided, (self.lookup(ln.base), self.value(tuple(ln.size)),
-                                               self.value(tuple(ln.stride)), self.value(ln.offset)))
+        base = self.lookup(ln.base)
+        offset = self.graph.call_function(operator.add, (self.graph.call_method("storage_offset", (base,)),
+                                                         self.value(ln.offset)))
+        self._call(ln.name, torch.as_strided, (base, self.value(tuple(ln.size)), self.value(tuple(ln.stride)),
+                                               offset))
 
     def assert_(self, ln: Assert):
         args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name)

@@ -126,6 +126,8 @@ class MultiOutputLine:
 
 @dataclasses.dataclass
 class View:
+    """`name`: base's storage seen with `size` and `stride`, starting `offset` elements past the base's
+    own storage offset at run time (a graph input may arrive with another offset than its example had)."""
     name: str
     base: str
     size: list
