@@ -213,7 +213,8 @@ class ProgramBuilder:
         where the output aliases nothing, copy a mismatched one into that layout."""
         if config.check_extern_layouts and buf.layout is not None:
             conform = _aliases_nothing(buf) and buf.layout.offset == 0
-            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform))
+            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform,
+                                     buf.layout.dtype))
             if conform:
                 # memory of its own, in a known layout: reusable once dead, like an allocation
                 self.layouts[buf.get_name()] = _layout_key(buf.layout)

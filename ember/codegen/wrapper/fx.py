@@ -60,8 +60,8 @@ def launch_kernel(kernel, grid, *args, **meta) -> None:
 
 
 @has_side_effect
-def check_layout(t: torch.Tensor, size, stride, name: str) -> None:
-    checks.check_layout(t, size, stride, name)
+def check_layout(t: torch.Tensor, size, stride, name: str, dtype=None) -> None:
+    checks.check_layout(t, size, stride, name, dtype)
 
 
 def eval_index(code: str, **symbols) -> int:
@@ -280,7 +280,7 @@ class FxRenderer:
                                                offset))
 
     def assert_(self, ln: Assert):
-        args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name)
+        args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name, ln.dtype)
         if ln.conform:
             self._call(ln.name, checks.conform_layout, args)
         else:

@@ -137,12 +137,14 @@ class View:
 
 @dataclasses.dataclass
 class Assert:
-    """Check a tensor's size and stride at run time (extern outputs, when config asks). With `conform`,
-    a tensor with other strides is replaced by a copy in the expected layout instead of raising."""
+    """Check a tensor's size, stride and (unless None) dtype at run time (extern outputs, when config
+    asks). With `conform`, a tensor with other strides or dtype is replaced by a copy in the expected
+    layout instead of raising."""
     name: str
     size: list
     stride: list
     conform: bool = False
+    dtype: Optional[torch.dtype] = None
 
 
 @dataclasses.dataclass
