@@ -1,6 +1,6 @@
 """A fast OpInfo subset: ~45 common ops, float32, 2 samples each, compiled with ember and compared with
-eager by scripts/opinfo_sweep.py (the full sweep: `python scripts/opinfo_sweep.py --workers 2`), and a
-few ops' weighted-loss gradients in float32 and float64. A result that disagrees with
+eager by scripts/opinfo_sweep.py (the full sweep: `python scripts/opinfo_sweep.py --workers 2`), a few
+in-place updates in float16 and bfloat16, and a few ops' weighted-loss gradients in float32 and float64. A result that disagrees with
 tests/opinfo_expected_failures.json (an unlisted failure, or a listed entry that now passes) fails the
 test. The harness's own checks (a permuted gradient, a changed input, a half-precision result off by
 more than eager's rounding) are tested on functions that behave differently under compilation."""
@@ -28,6 +28,9 @@ FAST_OPS = [
 ]
 
 
+# float16 and bfloat16, outputs and inputs after the call: in-place updates the full sweep found wrong
+HALF_OPS = ["_batch_norm_with_update", "nn.functional.batch_norm", "addcdiv", "addcmul", "index_put"]
+
 # weighted-loss gradients (float32 and float64): matmuls, reductions, layout ops whose backward permutes
 # or broadcasts, and the ops whose gradients the full sweep found wrong
 GRAD_OPS = [
@@ -47,6 +50,16 @@ def test_opinfo_fast(name, ops):
     results = sweep.run_op((name, ("float32",), 2, False, 60))
     expected = sweep.load_expected()
     unexpected = sweep.classify_unexpected(results, expected)
+    assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
+        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+
+
+@pytest.mark.parametrize("name", HALF_OPS)
+def test_opinfo_half_fast(name, ops):
+    assert name in ops, f"no OpInfo named {name}"
+    results = sweep.run_op((name, ("float16", "bfloat16"), 2, False, 90))
+    assert {r["dtype"] for r in results} == {"float16", "bfloat16"}
+    unexpected = sweep.classify_unexpected(results, sweep.load_expected())
     assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
         f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
 
