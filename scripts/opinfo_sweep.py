@@ -23,6 +23,7 @@ with "flaky" accepts either outcome.
     python -m scripts.opinfo_sweep --workers 2 --json sweep.json
     python -m scripts.opinfo_sweep --ops add,softmax --dtypes float32 -v
     python -m scripts.opinfo_sweep --grad --ops tanh,layer_norm          # float32 and float64 gradients
+    python -m scripts.opinfo_sweep --dtypes float32 --offset-inputs 3     # inputs inside their storage
     python -m scripts.opinfo_sweep --workers 2 --update-expected          # rewrite the expected file
 """
 from __future__ import annotations
@@ -118,18 +119,25 @@ def _tol(dtype):
     return default_tol(dtype)
 
 
-def _clone(tree, requires_grad=False):
-    """A copy of tree's tensors; with requires_grad, a tensor requires grad where the sample's does."""
+def _clone(tree, requires_grad=False, offset=0):
+    """A copy of tree's tensors; with requires_grad, a tensor requires grad where the sample's does. With
+    an offset, each strided tensor that does not overlap itself starts that many elements into a storage
+    of its own, with the sample's strides (a graph input's storage offset reaches ember's wrapper)."""
     import torch
     import torch.utils._pytree as pytree
 
     def c(x):
-        if isinstance(x, torch.Tensor):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if offset and x.layout == torch.strided and x.numel() and not torch._debug_has_internal_overlap(x):
+            span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+            y = torch.empty(offset + span, dtype=x.dtype, device=x.device).as_strided(x.shape, x.stride(), offset)
+            y.copy_(x.detach())
+        else:
             y = x.detach().clone()
-            if requires_grad and x.requires_grad:
-                y.requires_grad_(True)
-            return y
-        return x
+        if requires_grad and x.requires_grad:
+            y.requires_grad_(True)
+        return y
     return pytree.tree_map(c, tree)
 
 
@@ -275,7 +283,7 @@ def _sample_repr(sample, maxlen=300) -> str:
     return s[:maxlen]
 
 
-def _run_sample(variant, sample, dtype, grad):
+def _run_sample(variant, sample, dtype, grad, offset=0):
     """-> (category, detail). category in pass/fail/error/skip/eager_error/nondeterministic.
     variant: the op's function or in-place variant.
     Forward: the outputs and every input after the call (in-place updates) are compared with eager.
@@ -289,7 +297,7 @@ def _run_sample(variant, sample, dtype, grad):
     inp = ((sample.input, *sample.args), dict(sample.kwargs))
 
     def run(call):
-        args_kwargs = _clone(inp, grad)
+        args_kwargs = _clone(inp, grad, offset)
         torch.manual_seed(0)
         out = call(*args_kwargs[0], **args_kwargs[1])
         return (out, input_grads(args_kwargs, out)) if grad else (out, args_kwargs)
@@ -359,7 +367,8 @@ def run_op(task):
 
 
 def _run_op(task):
-    key, dtype_names, limit, grad, timeout = task
+    key, dtype_names, limit, grad, timeout, *more = task
+    offset = more[0] if more else 0
     import torch
     op = _STATE["ops"][key]
     results = []
@@ -395,7 +404,7 @@ def _run_op(task):
             cats = []
             for s, (label, variant) in itertools.product(samples, variants):
                 try:
-                    cat, detail = _run_sample(variant, s, dtype, grad)
+                    cat, detail = _run_sample(variant, s, dtype, grad, offset)
                 except OpTimeout:
                     raise
                 except Exception as e:  # noqa: BLE001  (a bug in this script, or an odd sample)
@@ -473,8 +482,8 @@ def select_ops(names=None):
     return keys
 
 
-def sweep(ops, dtypes, limit=3, grad=False, workers=1, timeout=120, progress=None):
-    tasks = [(k, tuple(dtypes), limit, grad, timeout) for k in ops]
+def sweep(ops, dtypes, limit=3, grad=False, workers=1, timeout=120, progress=None, offset=0):
+    tasks = [(k, tuple(dtypes), limit, grad, timeout, offset) for k in ops]
     results = []
     if workers <= 1:
         _init_worker(2)
@@ -562,6 +571,8 @@ def main(argv=None):
     ap.add_argument("--limit-samples", type=int, default=3)
     ap.add_argument("--grad", action="store_true",
                     help="gradients of a weighted sum of the outputs (weighted_loss) for every input that requires grad")
+    ap.add_argument("--offset-inputs", type=int, default=0, metavar="N",
+                    help="each input tensor starts N elements into its storage (eager and ember alike)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per op (all its dtypes)")
     ap.add_argument("--json", help="write all results here")
@@ -604,7 +615,7 @@ def main(argv=None):
                 for r in res:
                     f.write(json.dumps(r) + "\n")
 
-    results = prior + sweep(ops, dtypes, a.limit_samples, a.grad, a.workers, a.timeout, progress)
+    results = prior + sweep(ops, dtypes, a.limit_samples, a.grad, a.workers, a.timeout, progress, a.offset_inputs)
     print(f"\n{len(ops)} ops in {time.time() - t0:.0f}s")
     unexpected = report(results, expected, a.grad, a.verbose)
     if a.json:

@@ -1,6 +1,7 @@
 """A fast OpInfo subset: ~45 common ops, float32, 2 samples each, compiled with ember and compared with
 eager by scripts/opinfo_sweep.py (the full sweep: `python scripts/opinfo_sweep.py --workers 2`), a few
-in-place updates in float16 and bfloat16, and a few ops' weighted-loss gradients in float32 and float64. A result that disagrees with
+in-place updates in float16 and bfloat16, a few matmuls on inputs at a storage offset, and a few ops'
+weighted-loss gradients in float32 and float64. A result that disagrees with
 tests/opinfo_expected_failures.json (an unlisted failure, or a listed entry that now passes) fails the
 test. The harness's own checks (a permuted gradient, a changed input, a half-precision result off by
 more than eager's rounding) are tested on functions that behave differently under compilation."""
@@ -30,6 +31,9 @@ FAST_OPS = [
 
 # float16 and bfloat16, outputs and inputs after the call: in-place updates the full sweep found wrong
 HALF_OPS = ["_batch_norm_with_update", "nn.functional.batch_norm", "addcdiv", "addcmul", "index_put"]
+
+# float32 inputs that start inside their storage (a nonzero storage offset), for ATen calls on views of them
+OFFSET_OPS = ["mm", "matmul", "nn.functional.linear", "addmm"]
 
 # weighted-loss gradients (float32 and float64): matmuls, reductions, layout ops whose backward permutes
 # or broadcasts, and the ops whose gradients the full sweep found wrong
@@ -61,6 +65,15 @@ def test_opinfo_half_fast(name, ops):
     assert {r["dtype"] for r in results} == {"float16", "bfloat16"}
     unexpected = sweep.classify_unexpected(results, sweep.load_expected())
     assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
+        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+
+
+@pytest.mark.parametrize("name", OFFSET_OPS)
+def test_opinfo_offset_inputs_fast(name, ops):
+    assert name in ops, f"no OpInfo named {name}"
+    results = sweep.run_op((name, ("float32",), 2, False, 60, 3))
+    unexpected = sweep.classify_unexpected(results, sweep.load_expected())
+    assert results and not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
         f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
 
 
