@@ -131,7 +131,9 @@ def _clone(tree, requires_grad=False, offset=0):
             return x
         if offset and x.layout == torch.strided and x.numel() and not torch._debug_has_internal_overlap(x):
             span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
-            y = torch.empty(offset + span, dtype=x.dtype, device=x.device).as_strided(x.shape, x.stride(), offset)
+            # the elements before the tensor hold the same values in every copy (as_strided may read them)
+            y = torch.full((offset + span,), 3, dtype=x.dtype, device=x.device)
+            y = y.as_strided(x.shape, x.stride(), offset)
             y.copy_(x.detach())
         else:
             y = x.detach().clone()
@@ -615,7 +617,8 @@ def main(argv=None):
                 for r in res:
                     f.write(json.dumps(r) + "\n")
 
-    results = prior + sweep(ops, dtypes, a.limit_samples, a.grad, a.workers, a.timeout, progress, a.offset_inputs)
+    results = prior + sweep(ops, dtypes, a.limit_samples, a.grad, a.workers, a.timeout, progress,
+                            a.offset_inputs)
     print(f"\n{len(ops)} ops in {time.time() - t0:.0f}s")
     unexpected = report(results, expected, a.grad, a.verbose)
     if a.json:
