@@ -51,8 +51,31 @@ def test_conform_layout_copies_strides_and_refuses_wrong_sizes():
     c = conform_layout(t, (4, 6), (1, 4), "buf0")
     assert c.stride() == (1, 4) and torch.equal(c, t)
     assert conform_layout(t, (4, 6), (6, 1), "buf0") is t
+    assert conform_layout(t, (4, 6), (6, 1), "buf0", torch.float32) is t
     with pytest.raises(AssertionError, match="unexpected layout"):
         conform_layout(t, (6, 4), (4, 1), "buf0")
+
+
+def test_conform_layout_converts_a_wrong_dtype():
+    t = torch.randn(4, 6, dtype=torch.bfloat16)
+    c = conform_layout(t, (4, 6), (6, 1), "buf0", torch.float32)
+    assert c.dtype == torch.float32 and torch.equal(c, t.float())
+
+
+_lib.define("stats(Tensor x) -> Tensor")
+_lib.impl("stats", lambda x: x.sum(0), "CompositeExplicitAutograd")
+# claims float32 for any input, as _batch_norm_with_update_functional's meta says of its running statistics
+torch.library.register_fake("ember_test_layouts::stats", lambda x: x.sum(0).float())
+
+
+def test_extern_output_of_another_dtype_than_its_meta_is_converted():
+    """The real kernel returns bfloat16 where the meta function promised float32: ember's kernels would
+    read two bfloat16 values as one float32 (a silent wrong answer); the wrapper converts it instead."""
+    x = torch.randn(5, 8, dtype=torch.bfloat16)
+    f = lambda t: torch.ops.ember_test_layouts.stats(t) * 2   # noqa: E731
+    gm = make_fx(f, tracing_mode="fake")(x)
+    out = ember.compile_graph(gm, [x])([x])[0]
+    torch.testing.assert_close(out, x.sum(0).float() * 2)
 
 
 _lib.define("view_pair(Tensor(a) x) -> Tensor(a)")

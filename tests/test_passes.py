@@ -613,3 +613,28 @@ def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     with ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
         check(lambda x, w: (x @ w.t()).sin(), a, w, grad=True)
     assert aten.mm.default in seen and aten.constant_pad_nd.default not in seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dynamo_multiply_adds_are_computed_as_their_ops(device, dtype):
+    """Dynamo traces addcmul_ / addcdiv_ with a value, and add_ with a tensor alpha, as prims.fma of a
+    materialized product: restore_multiply_adds makes them addcmul / addcdiv / add again, lowered (no ATen
+    call) and rounded once as in eager, so the updated tensor is eager's to one rounding of the dtype."""
+    ulp = {torch.float32: 1.3e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
+    steps = {
+        "addcmul_": lambda x, a, b: x.addcmul_(a, b, value=0.37),
+        "addcdiv_": lambda x, a, b: x.addcdiv_(a, b, value=-3.1),
+        "add_ with a tensor alpha": lambda x, a, b: x.add_(a, alpha=b[0, 0]),
+    }
+    for what, step in steps.items():
+        x = torch.randn(64, 33, device=device, dtype=dtype) * 4
+        a = torch.randn(64, 33, device=device, dtype=dtype) * 4
+        b = torch.randn(64, 33, device=device, dtype=dtype) * 4
+        expected = x.clone()
+        step(expected, a, b)
+        torch._dynamo.reset()
+        ember.metrics.reset()
+        actual = x.clone()
+        torch.compile(step, backend="ember")(actual, a, b)
+        torch.testing.assert_close(actual, expected, rtol=ulp, atol=1e-5, msg=lambda m: f"{what}: {m}")
+        assert not ember.metrics.fallbacks, (what, dict(ember.metrics.fallbacks))

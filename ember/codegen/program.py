@@ -213,23 +213,20 @@ class ProgramBuilder:
         where the output aliases nothing, copy a mismatched one into that layout."""
         if config.check_extern_layouts and buf.layout is not None:
             conform = _aliases_nothing(buf) and buf.layout.offset == 0
-            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform))
+            self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform,
+                                     buf.layout.dtype))
             if conform:
                 # memory of its own, in a known layout: reusable once dead, like an allocation
                 self.layouts[buf.get_name()] = _layout_key(buf.layout)
 
-    def _view_offset(self, view: ReinterpretView):
-        """A view's storage offset. For a view of a graph input it is taken relative to the input's offset
-        at run time: AOTAutograd's fake tangents can claim an offset the real ones lack (the grads of
-        unbind's outputs arrive as separate tensors, the fakes say slices of one)."""
-        base = view.data
-        if not isinstance(base, InputBuffer) or base.layout.offset == 0:
-            return view.layout.offset
-        sym = sympy.Symbol(f"offset_of_{base.get_name()}", integer=True, nonnegative=True)
-        if sym not in self.bound:
-            self.lines.append(SymbolDef(str(sym), base.get_name(), "offset"))
-            self.bound.add(sym)
-        return view.layout.offset - base.layout.offset + sym
+    @staticmethod
+    def _view_offset(view: ReinterpretView):
+        """A view's offset past its base's storage offset (View's meaning). Both layouts hold offsets into
+        the same storage as traced; at run time a graph input's own offset may differ: AOTAutograd's fake
+        tangents can claim an offset the real ones lack (the grads of unbind's outputs arrive as separate
+        tensors, the fakes say slices of one), and Dynamo does not guard a storage offset."""
+        base = view.data.layout
+        return view.layout.offset - (base.offset if base is not None else 0)
 
     def _output_value(self, o):
         if isinstance(o, (ReinterpretView, Buffer)):

@@ -31,6 +31,7 @@ _EXTRA = [
     aten.mse_loss_backward, aten.logsumexp, aten.rms_norm, aten._fused_rms_norm,
     aten.native_dropout_backward, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.elu,
     aten.leaky_relu_backward, aten.hardtanh_backward, aten.mish, aten.log_sigmoid_forward,
+    aten._batch_norm_with_update, aten._batch_norm_with_update_functional, aten._batch_norm_no_update,
 ]
 
 # Lowered directly (a better kernel than the decomposition's): keep the overloads ember lowers out of the

@@ -8,46 +8,50 @@ import torch
 log = logging.getLogger("ember")
 
 
-def _mismatch(t: torch.Tensor, size, stride) -> str | None:
-    """'size' or 'stride' where `t` differs from the expected layout; size-1 dims' strides never matter."""
+def _mismatch(t: torch.Tensor, size, stride, dtype=None) -> str | None:
+    """'size', 'stride' or 'dtype' where `t` differs from the expected layout; size-1 dims' strides never
+    matter; dtype None: not checked."""
     if tuple(t.size()) != size:
         return "size"
     if any(n != 1 and a != b for n, a, b in zip(size, t.stride(), stride)):
         return "stride"
+    if dtype is not None and t.dtype != dtype:
+        return "dtype"
     return None
 
 
-def _message(t, size, stride, name) -> str:
-    return (f"ember: {name} has an unexpected layout: size {tuple(t.size())} stride {tuple(t.stride())}, "
-            f"expected size {size} stride {stride}")
+def _message(t, size, stride, name, dtype=None) -> str:
+    return (f"ember: {name} has an unexpected layout: size {tuple(t.size())} stride {tuple(t.stride())} "
+            f"dtype {t.dtype}, expected size {size} stride {stride}" + (f" dtype {dtype}" if dtype else ""))
 
 
-def check_layout(t: torch.Tensor, size, stride, name: str) -> None:
+def check_layout(t: torch.Tensor, size, stride, name: str, dtype=None) -> None:
     """An extern (ATen) output must have the layout ember's kernels will read it with. Its layout comes
-    from the op's meta function, which can disagree with the real kernel (seen with cuDNN attention):
-    raise instead of reading it wrongly."""
-    if t is None or (t.size() == size and t.stride() == stride):
+    from the op's meta function, which can disagree with the real kernel (seen with cuDNN attention's
+    strides, and with the dtype of _batch_norm_with_update_functional's running statistics in 16-bit
+    floats): raise instead of reading it wrongly."""
+    if t is None or (t.size() == size and t.stride() == stride and (dtype is None or t.dtype == dtype)):
         return          # an optional output the op left undefined (cuDNN attention's debug mask ...), or as promised
     size, stride = tuple(size), tuple(stride)
-    if _mismatch(t, size, stride):
-        raise AssertionError(_message(t, size, stride, name))
+    if _mismatch(t, size, stride, dtype):
+        raise AssertionError(_message(t, size, stride, name, dtype))
 
 
-def conform_layout(t: torch.Tensor, size, stride, name: str) -> torch.Tensor:
-    """`t`, or a copy of it with the strides the op's meta function promised when the real kernel chose
-    others (cuDNN attention returns its output contiguous for contiguous inputs, its meta says
-    (B, S, H, D)-major). Only for outputs that alias nothing, so a copy changes no one's view of memory.
-    A wrong size is never conformed: it means the graph itself is wrong."""
-    if t is None or (t.size() == size and t.stride() == stride):
+def conform_layout(t: torch.Tensor, size, stride, name: str, dtype=None) -> torch.Tensor:
+    """`t`, or a copy of it with the strides and dtype the op's meta function promised when the real
+    kernel chose others (cuDNN attention returns its output contiguous for contiguous inputs, its meta
+    says (B, S, H, D)-major). Only for outputs that alias nothing, so a copy changes no one's view of
+    memory. A wrong size is never conformed: it means the graph itself is wrong."""
+    if t is None or (t.size() == size and t.stride() == stride and (dtype is None or t.dtype == dtype)):
         return t        # as promised: the common case, decided with no Python loop
     size, stride = tuple(size), tuple(stride)
-    what = _mismatch(t, size, stride)
+    what = _mismatch(t, size, stride, dtype)
     if what is None:
         return t
     if what == "size":
-        raise AssertionError(_message(t, size, stride, name))
-    log.debug("%s: copying into the promised layout", _message(t, size, stride, name))
-    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+        raise AssertionError(_message(t, size, stride, name, dtype))
+    log.debug("%s: copying into the promised layout", _message(t, size, stride, name, dtype))
+    return torch.empty_strided(size, stride, dtype=dtype or t.dtype, device=t.device).copy_(t)
 
 
 def debug_sync(what: str) -> None:

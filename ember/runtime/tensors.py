@@ -20,6 +20,12 @@ def fast_empty_strided(device_type: str):
     return _EMPTY.get(device_type)
 
 
-# view(base, size, stride, offset): base's storage seen with other sizes and strides. Not an autograd view:
-# a wrapper runs with no tensor requiring grad (AOTAutograd's compiled functions, inference graphs)
-reinterpret = _REINTERPRET or torch.as_strided
+def _as_strided_past(base, size, stride, offset):
+    return torch.as_strided(base, size, stride, base.storage_offset() + offset)
+
+
+# reinterpret(base, size, stride, offset): base's storage seen with other sizes and strides, starting
+# `offset` elements past base's own storage offset (torch's C entry takes the offset as that increment).
+# Not an autograd view: a wrapper runs with no tensor requiring grad (AOTAutograd's compiled functions,
+# inference graphs)
+reinterpret = _REINTERPRET or _as_strided_past

@@ -48,6 +48,24 @@ def test_index_put_accumulate_positions(device, case):
     lowered(fn, x, i, j, torch.randn(5, 5, 6, device=device))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_index_put_accumulate_in_place_16_bit(device, dtype):
+    """index_put_ with accumulate and many repeated indices into a 16-bit graph input: eager adds each value
+    in turn, rounding to the dtype after each; ember sums in float32 and rounds once, so its values may
+    differ from eager's by more than one rounding but each is at least as close to the float64 sum (plus
+    one rounding of the dtype)."""
+    x = torch.randn(8, 5, device=device, dtype=dtype) * 4
+    i, v = repeated(60, 8, device), torch.randn(60, 5, device=device, dtype=dtype) * 4
+    put = lambda a, p, w: a.index_put_((p,), w, accumulate=True)   # noqa: E731
+    eager, mine = x.clone(), x.clone()
+    put(eager, i, v)
+    torch.compile(put, backend="ember")(mine, i, v)
+    exact = put(x.double(), i, v.double())
+    ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    bound = (eager.double() - exact).abs() + ulp * exact.abs() + 1e-5
+    assert bool(((mine.double() - exact).abs() <= bound).all()), (mine.double() - exact).abs().max()
+
+
 def test_index_put_broadcast_values(device):
     x, i = torch.randn(6, 3, device=device), repeated(4, 6, device)
     lowered(lambda a, p, v: torch.index_put(a, (p,), v, accumulate=True), x, i, torch.randn(1, 3, device=device))

@@ -12,7 +12,7 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
                      a kernel whose config follows the sizes, launched as kernel.run(*args))
     CallExtern       call_function of the op
     MultiOutputLine  operator.getitem
-    View             torch.as_strided
+    View             torch.as_strided at the base's storage_offset() plus the view's offset
     Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
 
     Return           the output node
@@ -60,8 +60,8 @@ def launch_kernel(kernel, grid, *args, **meta) -> None:
 
 
 @has_side_effect
-def check_layout(t: torch.Tensor, size, stride, name: str) -> None:
-    checks.check_layout(t, size, stride, name)
+def check_layout(t: torch.Tensor, size, stride, name: str, dtype=None) -> None:
+    checks.check_layout(t, size, stride, name, dtype)
 
 
 def eval_index(code: str, **symbols) -> int:
@@ -273,11 +273,14 @@ class FxRenderer:
         self._call(ln.name, operator.getitem, (node, ln.path[-1]))
 
     def view(self, ln: View):
-        self._call(ln.name, torch.as_strided, (self.lookup(ln.base), self.value(tuple(ln.size)),
-                                               self.value(tuple(ln.stride)), self.value(ln.offset)))
+        base = self.lookup(ln.base)
+        offset = self.graph.call_function(operator.add, (self.graph.call_method("storage_offset", (base,)),
+                                                         self.value(ln.offset)))
+        self._call(ln.name, torch.as_strided, (base, self.value(tuple(ln.size)), self.value(tuple(ln.stride)),
+                                               offset))
 
     def assert_(self, ln: Assert):
-        args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name)
+        args = (self.lookup(ln.name), self.value(tuple(ln.size)), self.value(tuple(ln.stride)), ln.name, ln.dtype)
         if ln.conform:
             self._call(ln.name, checks.conform_layout, args)
         else:

@@ -127,6 +127,8 @@ class MultiOutputLine:
 
 @dataclasses.dataclass
 class View:
+    """`name`: base's storage seen with `size` and `stride`, starting `offset` elements past the base's
+    own storage offset at run time (a graph input may arrive with another offset than its example had)."""
     name: str
     base: str
     size: list
@@ -136,12 +138,14 @@ class View:
 
 @dataclasses.dataclass
 class Assert:
-    """Check a tensor's size and stride at run time (extern outputs, when config asks). With `conform`,
-    a tensor with other strides is replaced by a copy in the expected layout instead of raising."""
+    """Check a tensor's size, stride and (unless None) dtype at run time (extern outputs, when config
+    asks). With `conform`, a tensor with other strides or dtype is replaced by a copy in the expected
+    layout instead of raising."""
     name: str
     size: list
     stride: list
     conform: bool = False
+    dtype: Optional[torch.dtype] = None
 
 
 @dataclasses.dataclass

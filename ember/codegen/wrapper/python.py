@@ -132,6 +132,8 @@ class PythonWrapper:
             return [f"{ln.name} = as_strided({ln.base}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {v(ln.offset)})"]
         if isinstance(ln, Assert):
             args = f"{ln.name}, {v(tuple(ln.size))}, {v(tuple(ln.stride))}, {ln.name!r}"
+            if ln.dtype is not None:
+                args += f", {v(ln.dtype)}"
             return [f"{ln.name} = conform_layout({args})" if ln.conform else f"check_layout({args})"]
         if isinstance(ln, Return):
             vals = ", ".join(v(x) for x in ln.values)

@@ -39,6 +39,44 @@ remove_noop_casts = Pattern(_cast, _uncast, [torch.randn(2), torch.float16], nam
                             extra_check=lambda match: getattr(_val(match["x"]), "dtype", None) == match["dtype"])
 
 
+# -- Dynamo's fused multiply-adds, as the ops they came from ---------------------------------------------
+
+def restore_multiply_adds(gm: torch.fx.GraphModule) -> None:
+    """Dynamo traces `x.addcmul_(a, b, value=v)` as `fma(a * b, v, x)`, `x.addcdiv_(a, b, value=v)` as
+    `fma(a / b, v, x)` and `x.add_(y, alpha=tensor)` as `fma(y, alpha, x)`, with torch._inductor's
+    `prims.fma` (ember has no lowering of it: an ATen call whose reference rounds `a * b` to a 16-bit
+    dtype, as does the materialized product). Rewritten to addcmul / addcdiv / add, which ember lowers
+    and computes as eager's kernels do, rounding once. (Code, not a Pattern: `prims.fma` exists only once
+    Dynamo has imported it.)"""
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or str(n.target) != "prims.fma.default" or n.kwargs:
+            continue
+        product, factor, addend = n.args
+        out = _val(n)
+        if out is None:
+            continue
+        with gm.graph.inserting_before(n):
+            new = _multiply_add(gm.graph, product, factor, addend, out.dtype)
+        if new is not None and _val(new) is not None and _val(new).dtype == out.dtype:
+            new.meta["stack_trace"] = n.meta.get("stack_trace")
+            n.replace_all_uses_with(new)
+            gm.graph.erase_node(n)
+
+
+def _multiply_add(graph, product, factor, addend, dtype):
+    """addend + product * factor as an op ember lowers, or None; `product` alone when it is a product or
+    a quotient of two values of `dtype` read nowhere else, folded into addcmul / addcdiv."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        ops = {aten.mul.Tensor: aten.addcmul.default, aten.div.Tensor: aten.addcdiv.default}
+        if isinstance(product, torch.fx.Node) and product.target in ops and len(product.users) == 1 and \
+                not product.kwargs and all(getattr(_val(x), "dtype", None) == dtype for x in product.args):
+            return _call(graph, ops[product.target], addend, *product.args, value=factor)
+        return _call(graph, aten.add.Tensor, addend, product, alpha=factor)
+    if isinstance(factor, torch.fx.Node):
+        return _call(graph, aten.addcmul.default, addend, product, factor)
+    return None
+
+
 # -- a scatter into a constant tensor -------------------------------------------------------------------
 
 _CONSTANT_FILLS = {aten.zeros_like.default: 0, aten.zeros.default: 0, aten.ones_like.default: 1,
@@ -381,8 +419,8 @@ def _val(x):
 
 
 # attention first: it reads the softmax that online_softmax_stats rewrites
-PASSES: list = [fuse_attention_inference, remove_noop_casts, scatter_into_constant, online_softmax_stats,
-                unfuse_bias_addmm, pad_matmuls, dead_code_elimination]
+PASSES: list = [fuse_attention_inference, remove_noop_casts, restore_multiply_adds, scatter_into_constant,
+                online_softmax_stats, unfuse_bias_addmm, pad_matmuls, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
