@@ -20,8 +20,8 @@ from .dynamo import register as _register
 _register()
 
 if config.report:       # EMBER_REPORT=out.html: start the report now, so that it sees Dynamo's first graph break
-    from .report import session as _report_session
-    _report_session()
+    from .report import recorder as _report_recorder
+    _report_recorder()
 
 __all__ = ["backend", "compile_graph", "config", "metrics", "EmberCompileError", "EmberNanError"]
 __version__ = "0.1.0"

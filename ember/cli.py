@@ -47,7 +47,7 @@ python script.py does the same."""
 def report(argv: list[str]) -> int:
     import runpy
     from .config import config
-    from .report import session
+    from .report import recorder
     ap = argparse.ArgumentParser(prog="ember report", description=REPORT_HELP,
                                  usage="ember report [-o OUT] [--steps N] [--warmup N] (script.py | -m module) [args ...]")
     ap.add_argument("-o", "--out", default="ember_report.html", help="the page to write (default: %(default)s)")
@@ -60,7 +60,7 @@ def report(argv: list[str]) -> int:
     if not args.module and not args.program:
         ap.error("name a script or a module (-m)")
     config.report, config.report_steps, config.report_warmup = os.path.abspath(args.out), args.steps, args.warmup
-    report_session = session()
+    report_recorder = recorder()
     saved_argv, saved_path, code = sys.argv, list(sys.path), 0
     try:
         if args.module:
@@ -74,7 +74,7 @@ def report(argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-        report_session.finish()
+        report_recorder.finish()
     return code
 def cache(action: str) -> int:
     from .config import config

@@ -40,7 +40,7 @@ from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
-from .report import collect_graph, session as report_session
+from .report import collect_graph, recorder as report_recorder
 
 # every lowering registers (and tells graph/decompose.py which ops it lowers) before anything asks for the
 # decomposition table: Dynamo's AOTAutograd, the decompose pass and the pattern matcher's tracing
@@ -134,7 +134,7 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
     config.validate()
     check_backend_settings()
     # config.report: what this graph holds and how long its calls take, for the report written at exit
-    report = report_session().begin_graph(kind) if config.report else None
+    report = report_recorder().begin_graph(kind) if config.report else None
     with CompileProfile(kind) as profile:
         with profile.stage("cache lookup"):
             # a report reads the pipeline's stages, which a hit skips
@@ -171,7 +171,7 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
                               f"kernels: {kernel_count}\nfallbacks: {dict(metrics.fallbacks)}\n")
     if report is not None:
         report.compile_seconds, report.stage_seconds = seconds, dict(profile.seconds)
-        fn = report_session().observe(report, fn)
+        fn = report_recorder().observe(report, fn)
     calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
     return CompiledGraph(fn, source, kernel_count, gm, kernels, calls_aten)
 

@@ -18,16 +18,16 @@ from .roofline import Roofline, measure
 MAX_LISTED = 6          # FX nodes and source lines shown per row before "+N more"
 
 
-def write_page(session) -> None:
-    graphs, window = session.graphs, session.window
+def write_page(recorder) -> None:
+    graphs, window = recorder.graphs, recorder.window
     rows = kernel_rows(graphs, window)
     rooflines = _rooflines(rows) if window is not None else {}
-    sections = [_header(session), _cards(session, rows), _chart(session), _kernel_table(rows, rooflines, window),
-                _graph_table(session), _graph_breaks(session), _fusion_groups(session), _notes(rooflines)]
+    sections = [_header(recorder), _cards(recorder, rows), _chart(recorder), _kernel_table(rows, rooflines, window),
+                _graph_table(recorder), _graph_breaks(recorder), _fusion_groups(recorder), _notes(rooflines)]
     text = h.page(f"ember report: {_program()}", "\n".join(sections))
-    folder = os.path.dirname(os.path.abspath(session.path))
+    folder = os.path.dirname(os.path.abspath(recorder.path))
     os.makedirs(folder, exist_ok=True)
-    with open(session.path, "w") as f:
+    with open(recorder.path, "w") as f:
         f.write(text)
 
 
@@ -44,8 +44,8 @@ def _rooflines(rows) -> dict:
     return out
 
 
-def _header(session) -> str:
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(session.started))
+def _header(recorder) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(recorder.started))
     versions = f"torch {torch.__version__}"
     try:
         import triton
@@ -53,24 +53,24 @@ def _header(session) -> str:
     except ImportError:
         pass
     return (f"<h1>ember report</h1><p class=\"note\"><code>{h.esc(_program())}</code> · {when} · {h.esc(versions)}"
-            f"</p><p>{h.esc(session.status())}.</p>")
+            f"</p><p>{h.esc(recorder.status())}.</p>")
 
 
 def _card(value: str, key: str) -> str:
     return f'<div class="card"><div class="v">{value}</div><div class="k">{h.esc(key)}</div></div>'
 
 
-def _cards(session, rows) -> str:
-    graphs, window = session.graphs, session.window
+def _cards(recorder, rows) -> str:
+    graphs, window = recorder.graphs, recorder.window
     step = window.wall_s / window.steps if window is not None and window.steps else None
     cards = [_card(h.seconds_text(step), "time per step"),
              _card(str(len(graphs)), "graphs compiled by ember"),
              _card(str(sum(g.kernel_count for g in graphs)), "kernel calls in the compiled graphs"),
              _card(str(sum(g.extern_count for g in graphs)), "extern calls in the compiled graphs"),
              _card(h.seconds_text(sum(g.compile_seconds for g in graphs)), "compile time in ember"),
-             _card(str(sum(n for _, _, n in session.graph_breaks.entries())), "Dynamo graph breaks")]
+             _card(str(sum(n for _, _, n in recorder.graph_breaks.entries())), "Dynamo graph breaks")]
     if window is not None and window.peak_memory is not None:
-        peak = max(session.peak_memory_before, window.peak_memory)
+        peak = max(recorder.peak_memory_before, window.peak_memory)
         cards.append(_card(h.bytes_text(window.peak_memory), "GPU memory peak in the profiled steps"))
         cards.append(_card(h.bytes_text(peak), "GPU memory peak of the run"))
     else:
@@ -83,11 +83,11 @@ def _cards(session, rows) -> str:
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
-def _chart(session) -> str:
-    window = session.window
+def _chart(recorder) -> str:
+    window = recorder.window
     if window is None:
         return ""
-    parts = step_breakdown(session.graphs, window)
+    parts = step_breakdown(recorder.graphs, window)
     gpu = window.peak_memory is not None
     what = ("GPU time of each kind; outside compiled graphs: GPU work the program launched itself; host gaps: the GPU "
             "idle, waiting for the host" if gpu else
@@ -156,8 +156,8 @@ def _graph_time(g, window):
     return us / 1e6 / window.steps
 
 
-def _graph_table(session) -> str:
-    graphs, window = session.graphs, session.window
+def _graph_table(recorder) -> str:
+    graphs, window = recorder.graphs, recorder.window
     stages = list(dict.fromkeys(s for g in graphs for s in g.stage_seconds))
     headers = (["graph", "kind", "Dynamo compile id", "device", "FX nodes", "fusion groups", "kernels", "externs",
                 "compile time"] + [f"{s} (compile)" for s in stages] + ["calls", "time / step"])
@@ -172,8 +172,8 @@ def _graph_table(session) -> str:
     return "<h2>Compiled graphs</h2>" + h.table(headers, body, "graphs", numeric)
 
 
-def _graph_breaks(session) -> str:
-    entries = session.graph_breaks.entries()
+def _graph_breaks(recorder) -> str:
+    entries = recorder.graph_breaks.entries()
     if not entries:
         return "<h2>Dynamo graph breaks</h2><p>None: each compiled function is one graph.</p>"
     body = [[_break_location(w), h.esc(r), str(n)] for w, r, n in entries]
@@ -192,11 +192,11 @@ def _break_location(where: str) -> str:
             + (f'<div class="src mono">{h.esc(code)}</div>' if code else ""))
 
 
-def _fusion_groups(session) -> str:
+def _fusion_groups(recorder) -> str:
     out = ["<h2>Fusion groups</h2><p class=\"note\">Each group is one kernel (or one extern call): the buffers it "
            "writes, the FX nodes it computes (those stored and those inlined into it) and the lines of your code "
            "they come from.</p>"]
-    for g in session.graphs:
+    for g in recorder.graphs:
         body = [[str(gr.index), f"<code>{h.esc(gr.call)}</code>", f'<div class="mono nodes">{_listed(gr.buffers)}</div>',
                  f'<div class="mono nodes">{_listed(gr.fx_nodes)}</div>',
                  f'<div class="src">{_listed(gr.source_lines, short_source, "<br>")}</div>'] for gr in g.groups]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ember
-from ember.report import session as report_session
-from ember.report.session import ReportSession, brief_reason
+from ember.report import recorder as report_recorder
+from ember.report.recorder import ReportRecorder, brief_reason
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -204,7 +204,7 @@ def test_bytes_flops_and_profiled_steps(tmp_path, device):
             out = f(x, y, w)
             torch.testing.assert_close(out[0], torch.relu(x + y))
             torch.testing.assert_close(out[1], x @ w)
-        report = report_session()
+        report = report_recorder()
         report.finish()
     assert (tmp_path / "report.html").exists()
     (graph,) = report.graphs
@@ -224,7 +224,7 @@ def test_bytes_flops_and_profiled_steps(tmp_path, device):
 
 
 def test_steps_restart_when_a_graph_compiles_among_them(tmp_path):
-    s = ReportSession(str(tmp_path / "r.html"), steps=2, warmup=1)
+    s = ReportRecorder(str(tmp_path / "r.html"), steps=2, warmup=1)
     try:
         first = s.begin_graph("forward")
         run_first = s.observe(first, lambda args: args)

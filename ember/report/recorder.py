@@ -26,19 +26,19 @@ from .profile import RANGE_PREFIX, ProfileWindow, summarize
 
 MAX_RESTARTS = 3
 
-_session: Optional["ReportSession"] = None
+_recorder: Optional["ReportRecorder"] = None
 
 
-def session() -> "ReportSession":
+def recorder() -> "ReportRecorder":
     """The report config.report asks for, started at its first use; written when the program ends."""
-    global _session
-    if _session is None or _session.finished or _session.path != config.report:
-        _session = ReportSession(config.report, config.report_steps, config.report_warmup)
-        atexit.register(_session.finish)
-    return _session
+    global _recorder
+    if _recorder is None or _recorder.finished or _recorder.path != config.report:
+        _recorder = ReportRecorder(config.report, config.report_steps, config.report_warmup)
+        atexit.register(_recorder.finish)
+    return _recorder
 
 
-class ReportSession:
+class ReportRecorder:
     def __init__(self, path: str, steps: int, warmup: int):
         self.path, self.steps, self.warmup = path, max(1, steps), max(0, warmup)
         self.graphs: list[GraphRecord] = []
