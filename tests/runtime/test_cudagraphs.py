@@ -178,11 +178,17 @@ def test_mutated_inputs_from_the_schema():
 
 # -- through torch.compile ------------------------------------------------------------------------------------
 
-def test_reduce_overhead_model_training_matches_eager(device):
+def _mlp_and_copy(device):
+    """A small MLP and an eager copy of it with the same parameters."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
     ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
     ref.load_state_dict(model.state_dict())
+    return model, ref
+
+
+def test_reduce_overhead_model_training_matches_eager(device):
+    model, ref = _mlp_and_copy(device)
     cm = _compile(model)
     losses, ref_losses = [], []
     for step in range(5):
@@ -280,10 +286,7 @@ def test_a_later_recordings_held_output_keeps_an_earlier_one_from_replaying():
 
 
 def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(device):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
-    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
-    ref.load_state_dict(model.state_dict())
+    model, ref = _mlp_and_copy(device)
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
     cm = _compile(model)
     for step in range(8):
@@ -301,10 +304,7 @@ def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(devic
 
 
 def test_compiled_adamw_step_with_reduce_overhead(device):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
-    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
-    ref.load_state_dict(model.state_dict())
+    model, ref = _mlp_and_copy(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01, foreach=True)
     step = _compile(opt.step)
