@@ -43,6 +43,12 @@ GRAD_OPS = [
 ]
 
 
+def _explain(results, unexpected) -> str:
+    """The failure message: each unexpected (op, dtype), then every sample's status."""
+    return "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
+        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+
+
 @pytest.fixture(scope="module")
 def ops():
     return sweep.load_ops()
@@ -54,8 +60,7 @@ def test_opinfo_fast(name, ops):
     results = sweep.run_op((name, ("float32",), 2, False, 60))
     expected = sweep.load_expected()
     unexpected = sweep.classify_unexpected(results, expected)
-    assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
-        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+    assert not unexpected, _explain(results, unexpected)
 
 
 @pytest.mark.parametrize("name", HALF_OPS)
@@ -64,8 +69,7 @@ def test_opinfo_half_fast(name, ops):
     results = sweep.run_op((name, ("float16", "bfloat16"), 2, False, 90))
     assert {r["dtype"] for r in results} == {"float16", "bfloat16"}
     unexpected = sweep.classify_unexpected(results, sweep.load_expected())
-    assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
-        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+    assert not unexpected, _explain(results, unexpected)
 
 
 @pytest.mark.parametrize("name", OFFSET_OPS)
@@ -73,8 +77,7 @@ def test_opinfo_offset_inputs_fast(name, ops):
     assert name in ops, f"no OpInfo named {name}"
     results = sweep.run_op((name, ("float32",), 2, False, 60, 3))
     unexpected = sweep.classify_unexpected(results, sweep.load_expected())
-    assert results and not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
-        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+    assert results and not unexpected, _explain(results, unexpected)
 
 
 @pytest.mark.parametrize("name", GRAD_OPS)
@@ -83,8 +86,7 @@ def test_opinfo_grad_fast(name, ops):
     results = sweep.run_op((name, ("float32", "float64"), 2, True, 90))
     assert {r["dtype"] for r in results} == {"float32", "float64"}
     unexpected = sweep.classify_unexpected(results, sweep.load_expected(), grad=True)
-    assert not unexpected, "\n".join(f"{k}: {w}" for k, w in unexpected) + "\n" + "\n".join(
-        f"  {s['status']}: {s['detail']} | {s['sample']}" for r in results for s in r["samples"])
+    assert not unexpected, _explain(results, unexpected)
 
 
 # --- the harness catches what it is for: each function is right in eager and wrong once compiled
