@@ -92,6 +92,22 @@ def test_sdpa_stays_fused(case, training, device, graphs):
         assert_fused(graphs, training)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32], ids=["bool", "float"])
+def test_sdpa_mask_broadcast_over_keys_stays_fused(dtype, training, device, graphs):
+    """A mask broadcast along the key dimension (Hugging Face's padding mask under torch.compile: strides
+    (0, L, 1, 0)) sends SDPA to its math form on CUDA; ember makes it contiguous first
+    (graph/passes/sdpa_mask.py)."""
+    per_query = torch.ones(L, device=device, dtype=torch.bool) if dtype is torch.bool else rand(L, device=device)
+    m = per_query.view(1, 1, L, 1).expand(B, 1, L, L)
+    assert m.stride(-1) == 0
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.125)  # noqa: E731
+    with torch.set_grad_enabled(training):
+        check(fn, *qkv(device), grad=training)
+    assert ember.metrics.sdpa_mask_copies == 1
+    assert_fused(graphs, training)
+
+
 def _eager_fuses(q, k, v, **kwargs) -> bool:
     from torch.nn.attention import SDPBackend
     return torch._fused_sdp_choice(q, k, v, **kwargs) != SDPBackend.MATH.value

@@ -1,13 +1,15 @@
 """Passes on Dynamo's torch-level graph, before AOTAutograd. Aliasing and mutation are still present at
-this level, so passes here must be conservative; none are needed yet."""
+this level, so passes here must be conservative. What runs here must run before AOTAutograd traces:
+SDPA's choice of kernel happens during that trace."""
 from __future__ import annotations
 
 import torch.fx
 
 from ... import config
 from .common import run_passes
+from .sdpa_mask import contiguous_sdpa_masks
 
-PASSES: list = []
+PASSES: list = [contiguous_sdpa_masks]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
