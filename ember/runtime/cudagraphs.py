@@ -6,12 +6,15 @@ per value of the graph's integer inputs; a static graph has one) the first call 
 it compiles and tunes every kernel for those sizes. The second call records the graph into a CUDA graph
 and replays it; later calls only replay.
 
-Inputs. An input the graph reads where it lies (parameters and buffers, which AOTAutograd lists as static;
-what a backward graph saved from its forward; outputs of another recording) is used in place: the
-recording remembers its address and is recorded again if the address moves (an input that keeps moving is
-copied from then on). Every other input is copied
-into a buffer the recording owns before each replay, and copied back afterwards when the graph writes
-into it (a KV cache passed as a plain tensor, optimizer state).
+Inputs. Every input is first read where it lies: the recording remembers its address and is recorded
+again if the address moves. Most do not move: parameters and buffers (which AOTAutograd lists as static),
+what a backward graph saved from its forward, outputs of another recording, and, in a steady loop, most
+other tensors too, since the caching allocator hands the same block to the same allocation each step (the
+gradient a backward graph receives). An input that moved between the warm-up and the recording, or moves
+once later (one that is not static or another recording's output), or a static one that moves three times,
+is copied from then on into a buffer the
+recording owns before each replay, and copied back afterwards when the graph writes into it (a KV cache
+passed as a plain tensor, optimizer state). Reading in place spares a copy and the buffer's memory.
 
 Outputs. A replay writes its outputs into the memory of the previous replay's outputs. Each call returns
 fresh tensors over that memory, and the recording counts how many tensors use each output's storage. When a
@@ -199,6 +202,7 @@ _pools: dict = collections.defaultdict(_Pool)      # device -> its pool
 @dataclasses.dataclass
 class _Sizes:
     warmed: bool = False
+    warm_addresses: dict = dataclasses.field(default_factory=dict)   # input index -> data_ptr at the warm-up
     recording: Optional[_Recording] = None
 
 
@@ -237,7 +241,7 @@ class CudaGraphRunner:
         self.static = frozenset(static_inputs)
         self.mutated = frozenset(mutated)
         self.int_inputs = tuple(int_inputs)       # the inputs that are sizes: one recording per value
-        self.copied: Optional[set] = None         # inputs copied into the recording's buffers
+        self.copied: set = set()                  # inputs copied into the recording's buffers
         self.moves: collections.Counter = collections.Counter()   # index -> times its address moved
         self.copy_outputs: set = set()            # outputs returned as copies
         self.sizes: collections.OrderedDict = collections.OrderedDict()
@@ -251,7 +255,8 @@ class CudaGraphRunner:
         key = tuple(args[i] for i in self.int_inputs)
         entry = self.sizes.get(key)
         if entry is None:
-            self._add_sizes(key)
+            self._add_sizes(key).warm_addresses = {i: a.data_ptr() for i, a in enumerate(args)
+                                                   if isinstance(a, torch.Tensor)}
             return self.fn(args)              # warm-up: kernels compile and tune for these sizes
         self.sizes.move_to_end(key)
         rec = entry.recording
@@ -266,7 +271,7 @@ class CudaGraphRunner:
             return self._record(entry, args)
         return self._replay(rec, args)
 
-    def _add_sizes(self, key) -> None:
+    def _add_sizes(self, key) -> _Sizes:
         limit = max(1, config.cudagraph_max_sizes)
         while len(self.sizes) >= limit:
             _, old = self.sizes.popitem(last=False)
@@ -276,7 +281,8 @@ class CudaGraphRunner:
                 warnings.warn(f"ember: {self.label} has been called with more than {limit} distinct sizes; "
                               f"its CUDA graphs are kept for the {limit} most recently used "
                               f"(ember.config.cudagraph_max_sizes)", RuntimeWarning, stacklevel=4)
-        self.sizes[key] = _Sizes(warmed=True)
+        entry = self.sizes[key] = _Sizes(warmed=True)
+        return entry
 
     def _can_replay(self, rec: _Recording, args: list) -> bool:
         ok = True
@@ -307,9 +313,10 @@ class CudaGraphRunner:
 
     # -- recording -------------------------------------------------------------------------------------
     def _record(self, entry: _Sizes, args: list):
-        if self.copied is None:
-            self.copied = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                           and i not in self.static and not self._recorded(a)}
+        # an input that moved since the warm-up moves every call (a new batch, the previous token): copied
+        self.copied.update(i for i, p in entry.warm_addresses.items()
+                           if args[i].data_ptr() != p and not self._recorded(args[i]))
+        entry.warm_addresses = {}
         # an input with overlapping elements (an expanded one) has no buffer of its strides to copy into:
         # it is read in place
         buffers = {i: torch.empty_strided(args[i].size(), args[i].stride(), dtype=args[i].dtype,

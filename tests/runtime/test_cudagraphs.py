@@ -52,6 +52,32 @@ def test_outputs_let_go_are_not_copied():
     assert ember.metrics.cudagraph_output_copies == 0
 
 
+def test_inputs_that_stay_put_are_read_in_place_and_moving_ones_copied():
+    r = _runner(lambda x, y: (x * y,))
+    x = torch.randn(8)                  # refilled in place every step: its address never moves
+    ys = [torch.randn(8) for _ in range(2)]
+    for step in range(6):
+        x.normal_()
+        y = ys[step % 2].normal_()      # a new tensor at each call, as a new batch is
+        torch.testing.assert_close(r([x, y])[0], x * y)
+    rec = r.sizes[()].recording
+    assert set(rec.buffers) == {1}      # x is read where it lies, y is copied into the recording's buffer
+    assert ember.metrics.cudagraph_records == 1
+
+
+def test_an_input_that_starts_moving_is_recorded_once_more_then_copied():
+    r = _runner(lambda x: (x.exp(),))
+    x = torch.randn(8)
+    for step in range(3):               # warm-up, record, replay: x stays put
+        x.normal_()
+        torch.testing.assert_close(r([x])[0], x.exp())
+    for step in range(4):               # then it moves at every call
+        x = torch.randn(8)
+        torch.testing.assert_close(r([x])[0], x.exp())
+    assert ember.metrics.cudagraph_records == 2
+    assert set(r.sizes[()].recording.buffers) == {0}
+
+
 def test_held_outputs_are_never_overwritten():
     r = _runner(lambda x: (x.sin(), x.cos()))
     kept, expect = [], []
