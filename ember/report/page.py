@@ -2,6 +2,7 @@
 compiled graphs, Dynamo's graph breaks and each graph's fusion groups, written as one HTML file."""
 from __future__ import annotations
 
+import json
 import linecache
 import os
 import re
@@ -29,6 +30,26 @@ def write_page(recorder) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(recorder.path, "w") as f:
         f.write(text)
+    with open(os.path.splitext(recorder.path)[0] + ".json", "w") as f:
+        json.dump(_table_data(rows, rooflines, window), f, indent=1)
+
+
+def _table_data(rows: list, rooflines: dict, window) -> dict:
+    """The kernel table as data (the page's `.json` beside it), for scripts that compare runs."""
+    out = {"step_seconds": window.wall_s / window.steps if window is not None and window.steps else None,
+           "rooflines": {d: {"copy_gbps": r.copy_gbps, "gemm_tflops": {str(k): v for k, v in r.gemm_tflops.items()},
+                             "vector_tflops": r.vector_tflops} for d, r in rooflines.items()},
+           "kernels": []}
+    for r in rows:
+        roof = rooflines.get(r.device)
+        gbps, tflops = r.gbps(), r.tflops()
+        out["kernels"].append({
+            "graph": r.graph, "graph_kind": r.graph_kind, "label": r.label, "kind": r.kind, "category": r.category,
+            "device": r.device, "calls_per_step": r.calls_per_step, "seconds_per_step": r.seconds_per_step,
+            "bytes_per_call": r.bytes_moved, "flops_per_call": r.flops, "gbps": gbps, "tflops": tflops,
+            "memory_roofline_fraction": gbps / roof.copy_gbps if gbps is not None and roof is not None else None,
+            "fx_nodes": list(r.fx_nodes)})
+    return out
 
 
 def _program() -> str:

@@ -1,6 +1,7 @@
 """`ember report`: the page of a small training script (its kernel table, graphs and graph breaks, rendered in
 headless Chromium), and the numbers behind it (bytes, FLOPs, profiled steps) on graphs small enough to count
 by hand."""
+import json
 import os
 import re
 import shutil
@@ -208,6 +209,13 @@ def test_bytes_flops_and_profiled_steps(tmp_path, device):
         report.finish()
     assert (tmp_path / "report.html").exists()
     (graph,) = report.graphs
+    # the kernel table as data beside the page: both calls, with their bytes and a time per step
+    table = json.loads((tmp_path / "report.json").read_text())
+    by_kind = {k["kind"]: k for k in table["kernels"]}
+    assert by_kind["kernel"]["bytes_per_call"] == 3 * 64 * 32 * 4 and by_kind["kernel"]["fx_nodes"] == ["add", "relu"]
+    assert by_kind["extern"]["flops_per_call"] == 2 * 64 * 32 * 16
+    assert all(k["seconds_per_step"] > 0 and k["calls_per_step"] == 1 for k in table["kernels"])
+    assert table["rooflines"] and 0 < by_kind["kernel"]["memory_roofline_fraction"]
     calls = {c.kind: c for c in graph.calls}
     kernel, mm = calls["kernel"], calls["extern"]
     assert (kernel.bytes_read, kernel.bytes_written) == (2 * 64 * 32 * 4, 64 * 32 * 4)
