@@ -13,6 +13,7 @@ _COUNTS = {
     "direct_graphs": "inference graphs called without AOTAutograd's wrapper",
     "attention_rewrites": "hand-written attentions rewritten to SDPA",
     "sdpa_mask_copies": "SDPA masks made contiguous so that a fused kernel accepts them",
+    "sdpa_masks_dropped": "SDPA masks computed from constants that keep every key, dropped",
     "cudagraph_records": "graphs recorded into a CUDA graph",
     "cudagraph_replays": "CUDA graph replays",
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
@@ -21,7 +22,8 @@ _COUNTS = {
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
-direct_graphs = attention_rewrites = sdpa_mask_copies = cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
+direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
+cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
 graph_cache_hits = graph_cache_misses = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback

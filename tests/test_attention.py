@@ -108,6 +108,43 @@ def test_sdpa_mask_broadcast_over_keys_stays_fused(dtype, training, device, grap
     assert_fused(graphs, training)
 
 
+def _mask_from_constants(kind: str, device):
+    """A mask built inside the graph from no input, as a model called without a padding mask builds one."""
+    def make():
+        if kind == "ones":              # keeps every key: Hugging Face's mask when attention_mask is None
+            keep = torch.ones(B, L, device=device)
+            return (keep[:, None, None, :] > 0.5).expand(B, 1, L, L)
+        if kind == "zeros_additive":
+            return torch.zeros(B, 1, L, L, device=device)
+        if kind == "padded":            # the last key masked out: must stay
+            keep = torch.ones(B, L, device=device)
+            keep[:, -1] = 0
+            return (keep[:, None, None, :] > 0.5).expand(B, 1, L, L)
+        if kind == "random":            # true with near certainty, but not known: must stay
+            return torch.rand(B, 1, L, L, device=device) < 2.0
+        raise KeyError(kind)
+    return make
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])
+@pytest.mark.parametrize("kind,dropped", [("ones", True), ("zeros_additive", True), ("padded", False),
+                                          ("random", False)])
+def test_sdpa_mask_from_constants_that_keeps_everything_is_dropped(kind, dropped, training, device, graphs):
+    make = _mask_from_constants(kind, device)
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=make())  # noqa: E731
+    with torch.set_grad_enabled(training):
+        check(fn, *qkv(device), grad=training)
+    assert ember.metrics.sdpa_masks_dropped == int(dropped)
+    assert_fused(graphs, training)
+
+
+def test_sdpa_mask_that_depends_on_an_input_is_kept(device):
+    def fn(q, k, v, keep):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=(keep[:, None, None, :] > 0.5))
+    check(fn, *qkv(device), torch.ones(B, L, device=device))
+    assert ember.metrics.sdpa_masks_dropped == 0
+
+
 def _eager_fuses(q, k, v, **kwargs) -> bool:
     from torch.nn.attention import SDPBackend
     return torch._fused_sdp_choice(q, k, v, **kwargs) != SDPBackend.MATH.value

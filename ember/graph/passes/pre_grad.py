@@ -7,9 +7,9 @@ import torch.fx
 
 from ... import config
 from .common import run_passes
-from .sdpa_mask import contiguous_sdpa_masks
+from .sdpa_mask import contiguous_sdpa_masks, drop_masks_that_keep_everything
 
-PASSES: list = [contiguous_sdpa_masks]
+PASSES: list = [drop_masks_that_keep_everything, contiguous_sdpa_masks]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
