@@ -73,9 +73,9 @@ def _fit(block: int, size: int) -> int:
 class TemplateKernel(TritonKernel):
     """The template's main loop, then the fused group's other nodes on its output tile."""
 
-    def __init__(self, name, group, graph, local, even_k: bool, materialize=frozenset()):
+    def __init__(self, name, group, graph, local, even_k: bool, interpreted: bool, materialize=frozenset()):
         super().__init__(name, group, graph, local, materialize)
-        self.even_k = even_k
+        self.even_k, self.interpreted = even_k, interpreted
         self.template = next(n for n in self.nodes if is_template(n.buf))
         self.product = self.template.buf.data
 
@@ -137,6 +137,11 @@ class TemplateKernel(TritonKernel):
         else:
             body = [f"a = tl.load(a_ptrs, mask=rk[None, :] < {K} - k, other=0.0)",
                     f"b = tl.load(b_ptrs, mask=rk[:, None] < {K} - k, other=0.0)"]
+        if self.interpreted and p.dtype == torch.bfloat16:
+            # Triton's interpreter multiplies bfloat16 blocks wrongly (values off by 1e10); their products are
+            # exact in float32, so the interpreter multiplies them there
+            body += ["a = a.to(tl.float32)", "b = b.to(tl.float32)"]
+            precision = ", input_precision=\"ieee\""
         body += [f"acc = tl.dot(a, b, acc{precision})",
                  f"a_ptrs += BLOCK_K * {sak}",
                  f"b_ptrs += BLOCK_K * {sbk}"]
@@ -181,7 +186,8 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     if not backend.tunes:
         configs = configs[:1]
     even_k = all(sizes[3] % cfg["BLOCK_K"] == 0 for cfg in configs)
-    k = generate_kernel(lambda materialize: TemplateKernel(name, group, graph, local, even_k, materialize))
+    k = generate_kernel(lambda materialize: TemplateKernel(name, group, graph, local, even_k,
+                                                                        backend.interpreted, materialize))
     ptrs = k.args.call_order()
     args = [Name(buf) for _, buf in ptrs]
     source = k.source()
