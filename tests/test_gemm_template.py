@@ -1,8 +1,9 @@
 """The GEMM template (codegen/triton/gemm_template.py) through Triton's interpreter: mm, addmm and bmm with their
 pointwise consumers fused into the template's output tile, against eager on fresh random inputs.
 
-Runs only with EMBER_CPU_BACKEND=triton (the template is Triton code); the sizes are small and off every
-block size, since the interpreter runs each program's operations one by one."""
+Runs with EMBER_CPU_BACKEND=triton (the template is Triton code), or on a GPU with EMBER_TEST_DEVICE=cuda;
+the sizes are small and off every block size, since the interpreter runs each program's operations one by
+one."""
 import os
 
 import pytest
@@ -13,8 +14,10 @@ import ember
 from ember.runtime.template_choice import TemplateChoice
 from ember.testing import assert_close, check
 
-pytestmark = pytest.mark.skipif(os.environ.get("EMBER_CPU_BACKEND") != "triton",
+DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("EMBER_CPU_BACKEND") != "triton",
                                 reason="the GEMM template is Triton code: run with EMBER_CPU_BACKEND=triton")
+interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="what the CPU backends do")
 
 F = torch.nn.functional
 BF16 = torch.bfloat16
@@ -22,7 +25,7 @@ BF16 = torch.bfloat16
 
 def _rand(*shape, dtype=torch.float32):
     # scaled so that products over K ~ 40 stay near 1, where bfloat16's rounding is ~4e-3 relative
-    return (torch.randn(*shape) * 0.4).to(dtype)
+    return (torch.randn(*shape) * 0.4).to(dtype=dtype, device=DEVICE)
 
 
 def _compile(fn, *args, mode="always"):
@@ -117,7 +120,7 @@ def test_empty_k_gives_zeros_plus_epilogue():
 def test_mlp_forward_and_backward():
     """Linear -> GELU -> Linear, trained: the forward's and backward's products (with transposed operands)
     are templates, gradients as eager's."""
-    model = torch.nn.Sequential(torch.nn.Linear(40, 48), torch.nn.GELU(), torch.nn.Linear(48, 24))
+    model = torch.nn.Sequential(torch.nn.Linear(40, 48), torch.nn.GELU(), torch.nn.Linear(48, 24)).to(DEVICE)
     for p in model.parameters():
         p.data.mul_(0.5)
     x = _rand(32, 40, dtype=torch.float32).requires_grad_()
@@ -130,6 +133,7 @@ def test_mlp_forward_and_backward():
     assert not any("mm" in op for op in ember.metrics.fallbacks)
 
 
+@interpreter_only
 def test_auto_and_never_keep_the_library_call_on_the_interpreter():
     """gemm_templates="auto" uses the template only where it can be timed against the library: not in the
     interpreter. "never": nowhere."""
@@ -141,6 +145,7 @@ def test_auto_and_never_keep_the_library_call_on_the_interpreter():
         assert ember.metrics.fallbacks["aten.mm.default"] == 1
 
 
+@interpreter_only
 def test_cpp_backend_keeps_matmuls_extern():
     a, b = _rand(16, 24), _rand(24, 32)
     with ember.config.patch(cpu_backend="cpp", gemm_templates="always", graph_cache=False):
