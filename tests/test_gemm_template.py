@@ -67,6 +67,13 @@ def test_addmm_scaled_bias_odd_sizes(dtype):
     assert len(_templates(sources)) >= 1 and all("tl.dot(" in s for s in sources)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (5, 1, 1), (1, 1, 7)])
+def test_sizes_of_one(m, n, k):
+    a, b, c = _rand(m, k), _rand(k, n), _rand(n)
+    _, sources = _compile(lambda a, b, c: (torch.sigmoid(a @ b) + c,), a, b, c)
+    _only_templates(sources, 1)
+
+
 def test_residual_add_and_cast_to_bf16():
     """mm + residual in float32, cast to bfloat16 on the tile: the float32 product is never stored."""
     x, w, r = _rand(64, 40), _rand(40, 48), _rand(64, 48)
@@ -114,7 +121,16 @@ def test_product_read_elsewhere_is_stored_once_with_its_epilogue():
 
 def test_empty_k_gives_zeros_plus_epilogue():
     a, b, c = _rand(16, 0), _rand(0, 24), _rand(16, 24)
-    _compile(lambda a, b, c: (a @ b + c,), a, b, c)
+    _, sources = _compile(lambda a, b, c: (a @ b + c,), a, b, c)
+    _only_templates(sources, 1)
+
+
+def test_consumer_reading_the_product_transposed_is_a_kernel_of_its_own():
+    """A consumer that reads the product at other elements than each tile holds (its transpose) cannot run on
+    the tile: the product is stored, and read by a separate kernel."""
+    a, b, c = _rand(24, 40), _rand(40, 32), _rand(32, 24)
+    _, sources = _compile(lambda a, b, c: ((a @ b).t() + c,), a, b, c)
+    assert len(_templates(sources)) == 1 and len(sources) == 2
 
 
 def test_mlp_forward_and_backward():

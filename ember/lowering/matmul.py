@@ -28,15 +28,17 @@ aten = torch.ops.aten
 TEMPLATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _wants_template(*tensors) -> bool:
+def _wants_template(a, b) -> bool:
+    """Do ember.config.gemm_templates and the backend ask for a template for a @ b (2-D or batched)?"""
     mode = config.gemm_templates
-    backend = backend_for(tensors[0].get_device())
+    backend = backend_for(a.get_device())
     if mode == "never" or not backend.gemm_templates or (mode == "auto" and not backend.tunes):
         return False
-    dtype = tensors[0].get_dtype()
-    return dtype in TEMPLATE_DTYPES and all(t.get_dtype() == dtype for t in tensors) and \
-        all(isinstance(s, sympy.Integer) and int(s) > 0 for t in tensors for s in t.get_size()[:-1]) and \
-        all(isinstance(t.get_size()[-1], sympy.Integer) for t in tensors)
+    dtype, sizes = a.get_dtype(), [*a.get_size(), *b.get_size()]
+    # M, N (and the batch) of at least one; K may be 0 (the product is then zeros)
+    nonempty = [*a.get_size()[:-1], b.get_size()[-1]]
+    return dtype in TEMPLATE_DTYPES and b.get_dtype() == dtype and \
+        all(isinstance(s, sympy.Integer) for s in sizes) and all(int(s) > 0 for s in nonempty)
 
 
 def _static_layout(x) -> bool:
@@ -45,7 +47,7 @@ def _static_layout(x) -> bool:
 
 
 def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
-    if not _wants_template(a, b) or int(b.get_size()[-1]) == 0:
+    if not _wants_template(a, b):
         raise Unsupported("matrix product outside the GEMM template")
     node = state.current_graph().current_node
     metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in node.args[-2:]] \
