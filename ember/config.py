@@ -72,6 +72,11 @@ class Config:
     # Time a few block-size / warp configs of each large GPU kernel on its first call and keep the fastest
     # (cached on disk); False uses the heuristic's choice (codegen/triton/heuristics.py).
     autotune: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_AUTOTUNE", True))
+    # Matrix products (mm, addmm, bmm) as ember's own GEMM template kernels, their pointwise consumers fused
+    # into the tile before it is stored (codegen/triton/gemm_template.py): "auto" where the backend can time
+    # the template against the library call plus a separate epilogue kernel (the faster is used), "always"
+    # for every supported product (tests), "never" (library calls only).
+    gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "auto"))
     # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
     # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its
     # first launch, in this process.
@@ -120,6 +125,8 @@ class Config:
         # settings that name a kernel backend are checked against the registry (device.check_backend_settings)
         if self.wrapper not in ("python", "fx"):
             raise ValueError(f"ember.config.wrapper={self.wrapper!r}: use 'python' or 'fx'")
+        if self.gemm_templates not in ("auto", "always", "never"):
+            raise ValueError(f"ember.config.gemm_templates={self.gemm_templates!r}: use 'auto', 'always' or 'never'")
 
 
 # Settings that leave a graph's Wrapper IR as it is: they act before ember receives the graph (the pre-grad

@@ -38,6 +38,11 @@ class KernelBackend:
     adds_matmul_bias_in_epilogue: bool = False
     # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once
     reads_rows_online: bool = False
+    # renders GEMM templates (ir/template.py) with their pointwise consumers fused in: matrix products
+    # lowered as TemplateBuffers instead of ATen calls where ember.config.gemm_templates allows
+    gemm_templates: bool = False
+    # can time a template against the library call at first call (gemm_templates="auto" then uses it)
+    tunes: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
 

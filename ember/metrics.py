@@ -19,12 +19,15 @@ _COUNTS = {
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
     "graph_cache_hits": "graphs loaded from the on-disk graph cache",
     "graph_cache_misses": "graphs compiled while the graph cache was on",
+    "template_kernels": "GEMM template kernels generated",
+    "fused_epilogue_nodes": "pointwise nodes computed in a GEMM template's epilogue",
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
 graph_cache_hits = graph_cache_misses = 0
+template_kernels = fused_epilogue_nodes = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 compile_stage_seconds: collections.Counter = collections.Counter()   # ... per stage (runtime/compile_profile.py)

@@ -116,12 +116,8 @@ class Autotuned:
         return self._load(sizes, configs) or self._tune(sizes, args, configs)
 
     def _load(self, sizes, configs):
-        try:
-            with open(self._path(sizes)) as f:
-                cfg = json.load(f)
-            return cfg if cfg in configs else None
-        except (OSError, ValueError):
-            return None
+        cfg = read_choice(self._path(sizes))
+        return cfg if cfg in configs else None
 
     def _tune(self, sizes, args, configs) -> dict:
         saved = {i: args[i].clone() for i in self.tuning.written}
@@ -151,21 +147,39 @@ class Autotuned:
         return times[len(times) // 2]
 
     def _time_once(self, cfg, args) -> float:
-        if not torch.cuda.is_available():      # the interpreter (tests of this module on a CPU)
-            t0 = time.perf_counter()
-            self.launch(cfg, args)
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        self.launch(cfg, args)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return time_once(lambda: self.launch(cfg, args))
 
     def _save(self, sizes, cfg) -> None:
-        path = self._path(sizes)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(cfg, f)
-        os.replace(tmp, path)
+        write_choice(self._path(sizes), cfg)
+
+
+def time_once(launch: Callable[[], None]) -> float:
+    """Milliseconds one call of `launch` runs on the GPU (on the CPU, the interpreter: wall time)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        launch()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def read_choice(path: str):
+    """A tuning choice stored by write_choice (None if there is none, or it cannot be read)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_choice(path: str, choice) -> None:
+    """Store a tuning choice (JSON) atomically."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(choice, f)
+    os.replace(tmp, path)

@@ -14,6 +14,7 @@
     versions    Python, torch, Triton, sympy
     devices     the kernel backend per device type, the CPU's model and ISA flags and thread count, each
                 GPU's name and compute capability
+    matmul      torch's TF32 setting for float32 matrix products (GEMM templates bake it in)
 
 A graph the key cannot describe safely (a Python function or a higher-order op as a target, a submodule,
 a tensor baked into an argument, a setting holding a callable, sizes that depend on data) raises
@@ -289,6 +290,8 @@ def graph_key_parts(gm: torch.fx.GraphModule, example_inputs, kind: str) -> dict
         "ember": ember_source_hash(),
         "versions": _versions(),
         "devices": _devices(_device_types(gm, example_inputs)),
+        # float32 GEMM templates multiply in TF32 or in float32 as this said when they were generated
+        "matmul": f"allow_tf32 {torch.backends.cuda.matmul.allow_tf32}",
     }
 
 

@@ -30,6 +30,7 @@ _ALLOWED = {
     "ember.codegen.wrapper.lines": None,                 # every dataclass there, and Name
     "ember.runtime.autotune": {"KernelTuning"},
     "ember.runtime.compile_pool": {"WarmSpec"},
+    "ember.runtime.template_choice": {"TemplateTuning", "ExternProduct"},
     "ember.codegen.triton.heuristics": {"RowSizedConfigs"},
     "builtins": {"list", "dict", "set", "frozenset", "slice", "complex"},
 }

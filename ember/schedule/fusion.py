@@ -6,7 +6,7 @@ cycle through a third group, and every value one writes and the other reads is a
 element (so no thread reads what another thread of the kernel writes). A scatter (a ScatterBuffer, or
 any store at positions loaded at run time) never shares a kernel with another reader or writer of its
 buffer. A scan is a kernel of its own: its steps run in order along the r axis, which no other node of a
-kernel expects.
+kernel expects. A template (a GEMM) takes in pointwise consumers of its output as its epilogue, nothing else.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Optional
 
 from .. import config
 from ..ir.nodes import ScatterBuffer
+from ..ir.template import is_template
 from ..ir.symbolic import hint, statically_known_equal
 from .nodes import SchedulerNode, canonical
 
@@ -41,6 +42,10 @@ class FusedGroup:
 
     def device(self):
         return self.nodes[0].device()
+
+    def template(self) -> Optional[SchedulerNode]:
+        """The group's template node (at most one), or None."""
+        return next((n for n in self.nodes if is_template(n.buf)), None)
 
     def __repr__(self):
         return f"FusedGroup({[n.name for n in self.nodes]}, group={self.group})"
@@ -159,6 +164,8 @@ class Fusion:
         if a.device() != b.device():
             return None
         if any(n.is_scan() for n in a.nodes + b.nodes):
+            return None
+        if not _template_fusion_allowed(a, b):
             return None
         group = merged_group(a, b)
         if group is None:
@@ -284,6 +291,19 @@ class Fusion:
                     heapq.heappush(ready, (u.min_order, u.id, u))
         assert len(out) == len(live), "fusion created a cycle"
         return out
+
+
+def _template_fusion_allowed(a: FusedGroup, b: FusedGroup) -> bool:
+    """A group holding a template (ir/template.py) takes in only pointwise consumers of what it computes
+    (its epilogue): never another template, a reduction, or a producer of the template's operands."""
+    ta, tb = a.template(), b.template()
+    if ta is None and tb is None:
+        return True
+    if ta is not None and tb is not None:
+        return False
+    (t, template), other = ((a, ta), b) if ta is not None else ((b, tb), a)
+    return not (other.is_reduction() or t.is_reduction()) and not (other.writes & template.reads) and \
+        bool(other.reads & t.writes)
 
 
 def _indirect_syms(expr) -> set:

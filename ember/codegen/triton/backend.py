@@ -13,10 +13,13 @@ from ...ir.symbolic import FloorDiv, hint
 from ...runtime import compile_pool
 from ...runtime.autotune import Autotuned, KernelTuning
 from ...runtime.launch import Launcher
+from ...runtime.template_choice import TemplateChoice, TemplateTuning
 from ...runtime.loader import load_module
 from ...schedule.tiling import DEFAULT_TILING, choose_tiling
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..wrapper.lines import CallKernel, DefineKernel, Name
+from ...ir.template import is_template
+from .gemm_template import generate_template
 from .heuristics import candidate_configs, row_sized_configs
 from .kernel import TritonKernel
 
@@ -33,6 +36,7 @@ class TritonBackend(KernelBackend):
     # a long row is then read from memory once, not twice (once for the max, again for the sum)
     reads_rows_online = True
     tiling = DEFAULT_TILING
+    gemm_templates = True
 
     def __init__(self, interpret: bool):
         self.interpreted = interpret
@@ -63,6 +67,8 @@ class TritonBackend(KernelBackend):
     def generate(self, name, group, graph, local) -> GeneratedKernel:
         if not self.interpreted:
             compile_pool.start()        # workers boot while the rest of the graph is generated
+        if any(is_template(n.buf) for n in group.nodes):
+            return generate_template(self, name, group, graph, local)
         tiling = choose_tiling(group, self.tiling)
         k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize, tiling))
         meta = k.launch_config()
@@ -108,8 +114,14 @@ class TritonBackend(KernelBackend):
         mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
         if not self.interpreted:
             compile_pool.precompile(mod, triton_helpers(), kernels)
-        return {k.name: Autotuned(self._launchable(getattr(mod, k.name)), k.tuning, k.source) if k.tuning
-                else self._launchable(getattr(mod, k.name)) for k in kernels}
+        return {k.name: self._loaded(mod, k) for k in kernels}
+
+    def _loaded(self, mod, k):
+        fn = self._launchable(getattr(mod, k.name))
+        if isinstance(k.tuning, TemplateTuning):
+            epilogue = k.tuning.extern.epilogue if k.tuning.extern is not None else None
+            return TemplateChoice(fn, getattr(mod, epilogue) if epilogue else None, k.tuning, k.source)
+        return Autotuned(fn, k.tuning, k.source) if k.tuning else fn
 
     def _launchable(self, fn):
         if self.interpreted or not config.fast_launch or is_interpreted(fn):

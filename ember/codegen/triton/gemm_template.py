@@ -1,0 +1,234 @@
+"""A fused group holding a GEMM template (ir/template.py) -> one Triton kernel: a tiled matrix product with
+its pointwise consumers computed on the output tile before anything is stored.
+
+The kernel is a TritonKernel whose one section starts with the template's main loop. Each program owns a
+BLOCK_M x BLOCK_N tile of the product (of one batch entry for bmm), accumulates it in float32 over K with
+`tl.dot`, and then defines `xindex` (the flat index of each tile element in the product's row-major order,
+a [BLOCK_M, BLOCK_N] block) and `xmask` (elements inside the product). From there on the fused nodes'
+store bodies run exactly as in a pointwise kernel: their indices are the scheduler's, in terms of the flat
+`xindex` (fusion checked that every access of the product is at the element the template writes), and
+their loads of the product are forwarded the tile's value. The product is stored only where something
+outside the kernel reads it.
+
+For the library alternative that autotuning times against the template (gemm_templates="auto"), the same
+group without the template node is generated as a plain pointwise kernel, `<name>_epilogue`, that reads
+the product from memory (runtime/template_choice.py runs the ATen product, then it).
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import config, metrics
+from ...ir.ops import handler
+from ...ir.template import is_template, operand_base
+from ...runtime import compile_pool
+from ...runtime.template_choice import ExternProduct, TemplateTuning
+from ...schedule.fusion import FusedGroup
+from ...schedule.nodes import kernel_index_vars
+from ..generate import GeneratedKernel, generate_kernel, kernel_call_args
+from ..kernel import KValue
+from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
+from .heuristics import next_pow2
+from .kernel import TritonKernel
+from .spelling import triton_type
+
+# dtypes the template multiplies (with a float32 accumulator)
+TEMPLATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Candidate tiles on a GPU: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), best guess first. Block sizes
+# are multiples of 16 (tl.dot's smallest tile on sm80 and sm90); the deep-K, many-stage tiles fit the 228 KB
+# of shared memory of an H100 for 16-bit operands, float32 takes half the K depth.
+_GPU_TILES_16BIT = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+                    (64, 64, 64, 4, 4), (32, 64, 64, 4, 5)]
+_GPU_TILES_32BIT = [(128, 128, 32, 8, 3), (64, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 4),
+                    (32, 64, 32, 4, 5)]
+GROUP_M = 8           # programs along M that walk N together, so their B tiles stay in L2
+
+
+def template_configs(sizes: tuple, dtype: torch.dtype, interpreted: bool) -> list[dict]:
+    """Launch metas for a product of (batch, M, N, K), best guess first. Tiles shrink to the problem (no
+    dimension past the next power of two of its size, none below 16), duplicates dropped. The interpreter
+    gets one tile, as large as the product allows: it runs each program's operations one by one, so fewer
+    programs run faster."""
+    _, m, n, k = sizes
+    if interpreted:
+        tiles = [(64, 64, 32, 1, 1)]
+    else:
+        tiles = _GPU_TILES_32BIT if dtype == torch.float32 else _GPU_TILES_16BIT
+    out = []
+    for bm, bn, bk, warps, stages in tiles:
+        cfg = {"BLOCK_M": _fit(bm, m), "BLOCK_N": _fit(bn, n), "BLOCK_K": _fit(bk, k), "GROUP_M": GROUP_M,
+               "num_warps": warps, "num_stages": stages}
+        if cfg["BLOCK_M"] * cfg["BLOCK_N"] <= 64 * 64:
+            cfg["num_warps"] = min(warps, 4)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _fit(block: int, size: int) -> int:
+    return max(16, min(block, next_pow2(max(size, 1))))
+
+
+class TemplateKernel(TritonKernel):
+    """The template's main loop, then the fused group's other nodes on its output tile."""
+
+    def __init__(self, name, group, graph, local, even_k: bool, interpreted: bool, materialize=frozenset()):
+        super().__init__(name, group, graph, local, materialize)
+        self.even_k, self.interpreted = even_k, interpreted
+        self.template = next(n for n in self.nodes if is_template(n.buf))
+        self.product = self.template.buf.data
+
+    def shape(self, kind: str) -> str:
+        return "[BLOCK_M, BLOCK_N]" if kind == "x" else super().shape(kind)
+
+    def generate(self):
+        with handler(self):
+            self._new_section("flat")
+            self._main_loop()
+            for node in self.nodes:
+                if node is not self.template:
+                    ivals, rvals = kernel_index_vars(node, self.group)
+                    node.buf.store_body(ivals, rvals)
+        return self
+
+    def _operand(self, view) -> tuple[str, int, list]:
+        """(pointer, offset, strides of the (batch, row, col) dims) of a stored operand."""
+        base, offset = operand_base(view)
+        layout = view.layout
+        strides = [int(s) if int(n) != 1 else 0 for s, n in zip(layout.stride, layout.size)]
+        return self.args.input(base.storage_name()), offset, ([0] + strides if len(strides) == 2 else strides)
+
+    def _main_loop(self):
+        p = self.product
+        batch, M, N, K = p.sizes()
+        a_ptr, a_off, (sab, sam, sak) = self._operand(p.a)
+        b_ptr, b_off, (sbb, sbk, sbn) = self._operand(p.b)
+        idx = ".to(tl.int64)" if self.use_int64 else ""
+        precision = ""
+        if p.dtype == torch.float32:
+            precision = ", input_precision=\"tf32\"" if torch.backends.cuda.matmul.allow_tf32 else \
+                ", input_precision=\"ieee\""
+        lines = [
+            f"# {'bmm' if p.batched else 'mm'}: [{batch}] x [{M}, {K}] @ [{K}, {N}], {p.dtype}, float32 accumulator",
+            "pid = tl.program_id(0)",
+            f"tb = tl.program_id(1){idx}" if p.batched else "tb = 0",
+            f"num_pid_m = {_cdiv_src(M, 'BLOCK_M')}",
+            f"num_pid_n = {_cdiv_src(N, 'BLOCK_N')}",
+            # GROUP_M rows of tiles walk the columns together: their B tiles stay in L2
+            "pids_in_group = GROUP_M * num_pid_n",
+            "first_pid_m = (pid // pids_in_group) * GROUP_M",
+            "group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+            "pid_m = first_pid_m + (pid % pids_in_group) % group_rows",
+            "pid_n = (pid % pids_in_group) // group_rows",
+            f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){idx}",
+            f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){idx}",
+            "rk = tl.arange(0, BLOCK_K)",
+            # rows and columns past the edge read row 0 / column 0 (in bounds); their results are masked
+            f"ram = rm % {M}",
+            f"rbn = rn % {N}",
+            f"a_ptrs = {a_ptr} + ({a_off} + tb * {sab} + ram[:, None] * {sam} + rk[None, :] * {sak})",
+            f"b_ptrs = {b_ptr} + ({b_off} + tb * {sbb} + rk[:, None] * {sbk} + rbn[None, :] * {sbn})",
+            "acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)",
+            f"for k in range(0, {K}, BLOCK_K):",
+        ]
+        if self.even_k:       # every config's BLOCK_K divides K: no masks in the main loop
+            body = ["a = tl.load(a_ptrs)", "b = tl.load(b_ptrs)"]
+        else:
+            body = [f"a = tl.load(a_ptrs, mask=rk[None, :] < {K} - k, other=0.0)",
+                    f"b = tl.load(b_ptrs, mask=rk[:, None] < {K} - k, other=0.0)"]
+        if self.interpreted and p.dtype == torch.bfloat16:
+            # Triton's interpreter multiplies bfloat16 blocks wrongly (values off by 1e10); their products are
+            # exact in float32, so the interpreter multiplies them there
+            body += ["a = a.to(tl.float32)", "b = b.to(tl.float32)"]
+            precision = ", input_precision=\"ieee\""
+        body += [f"acc = tl.dot(a, b, acc{precision})",
+                 f"a_ptrs += BLOCK_K * {sak}",
+                 f"b_ptrs += BLOCK_K * {sbk}"]
+        lines += ["    " + ln for ln in body]
+        lines += [f"xindex = tb * {M * N} + rm[:, None] * {N} + rn[None, :]",
+                  f"xmask = (rm < {M})[:, None] & (rn < {N})[None, :]"]
+        for ln in lines:
+            self.emit(ln)
+        # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is
+        acc = KValue("acc", torch.float32, "x")
+        if p.dtype != torch.float32:
+            acc = self.cse(f"acc.to({triton_type(p.dtype)}).to(tl.float32)", torch.float32, "x")
+        buf = self.template.buf
+        ivals, _ = kernel_index_vars(self.template, self.group)
+        index = buf.layout.index(ivals) - buf.layout.offset
+        if self.template.name in self.local:
+            idx_s, _ = self.index_str(index)
+            self.stored.setdefault(self.template.name, {})[idx_s] = acc
+        else:
+            self._store(self.template.name, index, acc, "body")
+
+    def signature(self) -> list[str]:
+        return [p for p, _ in self.args.call_order()]
+
+    def source(self) -> str:
+        consts = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+        lines = ["@triton.jit", f"def {self.name}({', '.join(self.signature() + consts)}):"]
+        sec = self.sections[0]
+        lines += ["    " + ln for ln in sec.pre + sec.body + sec.post]
+        return "\n".join(lines) + "\n"
+
+
+def _cdiv_src(n: int, block: str) -> str:
+    return f"({n} + {block} - 1) // {block}"
+
+
+def generate_template(backend, name: str, group, graph, local: set) -> GeneratedKernel:
+    """A template group's kernel: its DefineKernel (with a TemplateTuning the launcher chooses by) and call."""
+    template = next(n for n in group.nodes if is_template(n.buf))
+    sizes = template.buf.data.sizes()
+    configs = template_configs(sizes, template.buf.dtype, backend.interpreted)
+    if not backend.tunes:
+        configs = configs[:1]
+    even_k = all(sizes[3] % cfg["BLOCK_K"] == 0 for cfg in configs)
+    k = generate_kernel(lambda materialize: TemplateKernel(name, group, graph, local, even_k,
+                                                                        backend.interpreted, materialize))
+    ptrs = k.args.call_order()
+    args = [Name(buf) for _, buf in ptrs]
+    source = k.source()
+    written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+    extern = None
+    if config.gemm_templates == "auto" and backend.tunes:
+        extern, epilogue_source = _extern_alternative(name, group, graph, local, k, args)
+        source += "\n\n" + epilogue_source if epilogue_source else ""
+    tuning = TemplateTuning(configs, sizes, written, extern)
+    warm = None
+    if backend.precompiles:
+        compile_pool.start()
+        warm = compile_pool.WarmSpec([graph.get_dtype(a) for a in args], configs)
+    metrics.template_kernels += 1
+    metrics.fused_epilogue_nodes += len(group.nodes) - 1
+    define = DefineKernel(name, source, backend, tuning, warm, group.device(), KernelSignature(tuple(k.signature()), ()))
+    return GeneratedKernel(define, CallKernel(name, args, None, {}), set(k.args.outputs), source)
+
+
+def _extern_alternative(name, group, graph, local, k, args) -> tuple:
+    """The library's way to the same outputs: ATen's product into memory, then the group's other nodes as a
+    plain pointwise kernel reading it. (ExternProduct, the epilogue kernel's source or "")."""
+    template = k.template
+    product = template.buf.data
+    position = {str(a): i for i, a in enumerate(args)}
+
+    def operand(view):
+        base, offset = operand_base(view)
+        return (position[base.storage_name()], [int(s) for s in view.layout.size],
+                [int(s) for s in view.layout.stride], offset)
+    layout = template.buf.layout
+    stored_at = position.get(template.name)
+    rest = [n for n in group.nodes if n is not template]
+    epilogue, epi_args, meta, xnumel = None, [], {}, 0
+    if rest:
+        epi = generate_kernel(lambda materialize: TritonKernel(f"{name}_epilogue", FusedGroup(rest), graph,
+                                                               set(local) - {template.name}, materialize))
+        epilogue = epi.name
+        epi_args = [-1 if a == template.name else position[a] for a in kernel_call_args(epi)[:len(epi.args.call_order())]]
+        meta, xnumel = epi.launch_config(), int(epi.X)
+    extern = ExternProduct("bmm" if product.batched else "mm", [operand(product.a), operand(product.b)],
+                           [int(s) for s in layout.size], [int(s) for s in layout.stride], layout.dtype,
+                           stored_at, epilogue, epi_args, meta, xnumel)
+    return extern, (epi.source() if rest else "")

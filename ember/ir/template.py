@@ -1,0 +1,72 @@
+"""Template buffers: values a kernel backend computes with a hand-written main loop (a template) rather than
+from a generated loop body, into whose output tile the scheduler fuses pointwise consumers.
+
+A MatmulTemplate is the product of two stored operands, `a @ b` (mm) or a batch of them (bmm), in the
+operands' dtype, accumulated in float32. It is a ComputedBuffer like any other, so dependencies, fusion,
+memory planning and structural keys treat it as one node: its `data.inner_fn(index)` states which operand
+elements output element `index` reads (row `m` of `a` and column `n` of `b` along a reduction symbol
+`K_SYMBOL`), and the product of the two. Only a backend whose `gemm_templates` is true renders it; the
+template itself lives with the backend (codegen/triton/gemm_template.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from .nodes import Buffer, ComputedBuffer, Layout, Loops, ReinterpretView
+from .ops import ops
+
+# the position along K in the operands' index expressions: a symbol no kernel index contains, so that no
+# other node's access ever looks like the same element as the template's operand reads
+K_SYMBOL = sympy.Symbol("kmm", integer=True, nonnegative=True)
+
+
+@dataclasses.dataclass(eq=False)
+class MatmulProduct(Loops):
+    """out[b, m, n] = sum over k of a[b, m, k] * b[b, k, n] (no b index without a batch). `a` and `b` are
+    stored (Buffer or ReinterpretView) with static sizes."""
+    a: Buffer | ReinterpretView = None
+    b: Buffer | ReinterpretView = None
+    batched: bool = False
+
+    def sizes(self) -> tuple:
+        """(batch, M, N, K) as ints (batch 1 for mm)."""
+        asz, bsz = self.a.get_size(), self.b.get_size()
+        batch = int(asz[0]) if self.batched else 1
+        return batch, int(asz[-2]), int(bsz[-1]), int(asz[-1])
+
+
+def _product_body(a, b, batched):
+    load_a, load_b = a.make_loader(), b.make_loader()
+
+    def inner_fn(index):
+        *batch, m, n = index
+        return ops.mul(load_a([*batch, m, K_SYMBOL]), load_b([*batch, K_SYMBOL, n]))
+    return inner_fn
+
+
+class TemplateBuffer(ComputedBuffer):
+    """A ComputedBuffer whose value a backend's template computes (its `data` is a MatmulProduct)."""
+
+    @staticmethod
+    def matmul(a, b, batched: bool) -> "TemplateBuffer":
+        device, dtype = a.get_device(), a.get_dtype()
+        size = [*(a.get_size()[:1] if batched else []), a.get_size()[-2], b.get_size()[-1]]
+        data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched)
+        return TemplateBuffer(None, Layout.contiguous(device, dtype, size), data)
+
+    def operands(self) -> list:
+        return [self.data.a, self.data.b]
+
+
+def operand_base(x) -> tuple[Buffer, int]:
+    """(the buffer whose memory a stored operand reads, the operand's offset in elements from that buffer's
+    own start): kernels get the buffer's tensor, whose data pointer already includes its storage offset."""
+    if isinstance(x, ReinterpretView):
+        return x.data, int(x.layout.offset - x.data.layout.offset)
+    return x, 0
+
+
+def is_template(buf) -> bool:
+    return isinstance(buf, TemplateBuffer)

@@ -1,0 +1,219 @@
+"""The GEMM template (codegen/triton/gemm_template.py) through Triton's interpreter: mm, addmm and bmm with their
+pointwise consumers fused into the template's output tile, against eager on fresh random inputs.
+
+Runs with EMBER_CPU_BACKEND=triton (the template is Triton code), or on a GPU with EMBER_TEST_DEVICE=cuda;
+the sizes are small and off every block size, since the interpreter runs each program's operations one by
+one."""
+import os
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember
+from ember.runtime.template_choice import TemplateChoice
+from ember.testing import assert_close, check
+
+DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("EMBER_CPU_BACKEND") != "triton",
+                                reason="the GEMM template is Triton code: run with EMBER_CPU_BACKEND=triton")
+interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="what the CPU backends do")
+
+F = torch.nn.functional
+BF16 = torch.bfloat16
+
+
+def _rand(*shape, dtype=torch.float32):
+    # scaled so that products over K ~ 40 stay near 1, where bfloat16's rounding is ~4e-3 relative
+    return (torch.randn(*shape) * 0.4).to(dtype=dtype, device=DEVICE)
+
+
+def _compile(fn, *args, mode="always"):
+    """fn compiled as an ATen graph with gemm_templates=mode; returns (outputs, kernel sources)."""
+    with ember.config.patch(gemm_templates=mode, graph_cache=False):
+        compiled = ember.compile_graph(make_fx(fn)(*args), list(args))
+        out = compiled(list(args))
+    assert_close(tuple(out), tuple(fn(*args)))
+    return out, [gen.source for _, gen in compiled.kernels]
+
+
+def _templates(sources) -> list:
+    return [s for s in sources if "tl.dot(" in s]
+
+
+def _only_templates(sources, count: int) -> list:
+    """Every kernel is one of `count` template kernels: no separate kernel reads or writes a product."""
+    templates = _templates(sources)
+    assert len(templates) == count and len(sources) == count, sources
+    return templates
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_linear_bias_gelu_is_one_kernel(dtype):
+    """x @ W.t() + b, then GELU: the transposed weight is read in place, bias and GELU run on the tile."""
+    x, w, b = _rand(64, 40, dtype=dtype), _rand(48, 40, dtype=dtype), _rand(48, dtype=dtype)
+    _, sources = _compile(lambda x, w, b: (F.gelu(F.linear(x, w, b)),), x, w, b)
+    (src,) = _only_templates(sources, 1)
+    assert "erf" in src and "tl.store(" in src and src.count("tl.store(") == 1
+    assert ember.metrics.template_kernels == 1 and ember.metrics.fused_epilogue_nodes >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_addmm_scaled_bias_odd_sizes(dtype):
+    """addmm with alpha and beta, sizes prime (no block divides them), a 2-D bias; its result read twice."""
+    c, a, b = _rand(37, 29, dtype=dtype), _rand(37, 23, dtype=dtype), _rand(23, 29, dtype=dtype)
+    _, sources = _compile(lambda c, a, b: (torch.addmm(c, a, b, beta=0.5, alpha=2.0).relu(),
+                                           torch.addmm(c, a, b, beta=0.5, alpha=2.0) * 3), c, a, b)
+    assert len(_templates(sources)) >= 1 and all("tl.dot(" in s for s in sources)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (5, 1, 1), (1, 1, 7)])
+def test_sizes_of_one(m, n, k):
+    a, b, c = _rand(m, k), _rand(k, n), _rand(n)
+    _, sources = _compile(lambda a, b, c: (torch.sigmoid(a @ b) + c,), a, b, c)
+    _only_templates(sources, 1)
+
+
+def test_residual_add_and_cast_to_bf16():
+    """mm + residual in float32, cast to bfloat16 on the tile: the float32 product is never stored."""
+    x, w, r = _rand(64, 40), _rand(40, 48), _rand(64, 48)
+    out, sources = _compile(lambda x, w, r: ((x @ w + r).to(BF16),), x, w, r)
+    (src,) = _only_templates(sources, 1)
+    assert out[0].dtype == BF16 and "tl.bfloat16" in src
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_bmm_scaled_residual(dtype):
+    a, b, r = _rand(2, 32, 24, dtype=dtype), _rand(2, 24, 40, dtype=dtype), _rand(2, 32, 40, dtype=dtype)
+    _, sources = _compile(lambda a, b, r: (torch.bmm(a, b) * 0.125 + r,), a, b, r)
+    (src,) = _only_templates(sources, 1)
+    assert "tl.program_id(1)" in src
+
+
+def test_bmm_of_transposed_operands():
+    """Batched operands given transposed (strided views of the inputs, read in place)."""
+    a, b = _rand(2, 24, 32), _rand(2, 40, 24)
+    _, sources = _compile(lambda a, b: (torch.bmm(a.transpose(1, 2), b.transpose(1, 2)).sigmoid(),), a, b)
+    _only_templates(sources, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_swiglu_of_two_products(dtype):
+    """silu(x @ Wg) * (x @ Wu): one product is stored by its template, the other template's tile computes
+    SiLU and the product of the two; nothing else runs."""
+    x, wg, wu = _rand(64, 40, dtype=dtype), _rand(48, 40, dtype=dtype), _rand(48, 40, dtype=dtype)
+    _, sources = _compile(lambda x, wg, wu: (F.silu(x @ wg.t()) * (x @ wu.t()),), x, wg, wu)
+    templates = _only_templates(sources, 2)
+    assert sum("sigmoid" in s for s in templates) == 1
+
+
+def test_product_read_elsewhere_is_stored_once_with_its_epilogue():
+    """A product that is also returned is stored by the template, which computes its consumer too."""
+    a, b = _rand(33, 17), _rand(17, 29)
+
+    def f(a, b):
+        p = a @ b
+        return p, torch.tanh(p) * 2
+    out, sources = _compile(f, a, b)
+    (src,) = _only_templates(sources, 1)
+    assert src.count("tl.store(") == 2
+
+
+def test_empty_k_gives_zeros_plus_epilogue():
+    a, b, c = _rand(16, 0), _rand(0, 24), _rand(16, 24)
+    _, sources = _compile(lambda a, b, c: (a @ b + c,), a, b, c)
+    _only_templates(sources, 1)
+
+
+def test_consumer_reading_the_product_transposed_is_a_kernel_of_its_own():
+    """A consumer that reads the product at other elements than each tile holds (its transpose) cannot run on
+    the tile: the product is stored, and read by a separate kernel."""
+    a, b, c = _rand(24, 40), _rand(40, 32), _rand(32, 24)
+    _, sources = _compile(lambda a, b, c: ((a @ b).t() + c,), a, b, c)
+    assert len(_templates(sources)) == 1 and len(sources) == 2
+
+
+def test_mlp_forward_and_backward():
+    """Linear -> GELU -> Linear, trained: the forward's and backward's products (with transposed operands)
+    are templates, gradients as eager's."""
+    model = torch.nn.Sequential(torch.nn.Linear(40, 48), torch.nn.GELU(), torch.nn.Linear(48, 24)).to(DEVICE)
+    for p in model.parameters():
+        p.data.mul_(0.5)
+    x = _rand(32, 40, dtype=torch.float32).requires_grad_()
+
+    def step(x):
+        return model(x).tanh()
+    with ember.config.patch(gemm_templates="always"):
+        check(step, x, grad=True)
+    assert ember.metrics.template_kernels >= 4
+    assert not any("mm" in op for op in ember.metrics.fallbacks)
+
+
+@interpreter_only
+def test_auto_and_never_keep_the_library_call_on_the_interpreter():
+    """gemm_templates="auto" uses the template only where it can be timed against the library: not in the
+    interpreter. "never": nowhere."""
+    a, b = _rand(16, 24), _rand(24, 32)
+    for mode in ("auto", "never"):
+        ember.metrics.reset()
+        _, sources = _compile(lambda a, b: ((a @ b).relu(),), a, b, mode=mode)
+        assert not _templates(sources) and ember.metrics.template_kernels == 0
+        assert ember.metrics.fallbacks["aten.mm.default"] == 1
+
+
+@interpreter_only
+def test_cpp_backend_keeps_matmuls_extern():
+    a, b = _rand(16, 24), _rand(24, 32)
+    with ember.config.patch(cpu_backend="cpp", gemm_templates="always", graph_cache=False):
+        compiled = ember.compile_graph(make_fx(lambda a, b: (a @ b,))(a, b), [a, b])
+        assert_close(tuple(compiled([a, b])), (a @ b,))
+    assert ember.metrics.template_kernels == 0 and ember.metrics.fallbacks["aten.mm.default"] == 1
+
+
+def test_symbolic_sizes_use_the_library_call():
+    def f(a, b):
+        return (a @ b).relu()
+    a, b = _rand(16, 24), _rand(24, 32)
+    with ember.config.patch(gemm_templates="always"):
+        check(f, a, b, dynamic=True)
+    assert ember.metrics.fallbacks["aten.mm.default"] >= 1
+
+
+@pytest.fixture
+def timed_backend(monkeypatch, tmp_path):
+    """The interpreter's Triton backend made to time its candidates, as a GPU's does (gemm_templates="auto"
+    then adds the library alternative), with a cache directory of its own."""
+    from ember.codegen.triton.backend import TritonBackend
+    monkeypatch.setattr(TritonBackend, "tunes", property(lambda self: True))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+
+def _swiglu_residual(x, wg, wu, r):
+    gate = x @ wg
+    return F.silu(gate) * (x @ wu) + r, gate
+
+
+def test_library_alternative_computes_the_same_outputs(timed_backend, monkeypatch):
+    """The alternative autotuning times against the template: ATen's product, then the group's other nodes
+    as a pointwise kernel reading it (arguments mapped from the template's call)."""
+    monkeypatch.setattr(TemplateChoice, "_choose", lambda self, args: "extern")
+    x, wg, wu, r = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(24, 32)
+    _, sources = _compile(_swiglu_residual, x, wg, wu, r, mode="auto")
+    assert len(_templates(sources)) == 2 and any("_epilogue" in s for s in sources)
+
+
+def test_autotuning_chooses_a_candidate_that_runs(timed_backend, monkeypatch):
+    """Candidates are timed at the first call; one that fails is dropped, the choice is remembered."""
+    broken = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 1, "num_stages": 1,
+              "NO_SUCH_PARAMETER": 1}
+    real_tune = TemplateChoice._tune
+    chosen = []
+
+    def tune(self, args, cands):
+        best = real_tune(self, args, [broken] + cands)
+        chosen.append(best)
+        return best
+    monkeypatch.setattr(TemplateChoice, "_tune", tune)
+    x, wg, wu, r = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(24, 32)
+    _compile(_swiglu_residual, x, wg, wu, r, mode="auto")
+    assert chosen and broken not in chosen
