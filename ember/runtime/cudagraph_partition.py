@@ -1,9 +1,13 @@
 """CUDA graphs around what cannot be recorded: a graph whose blockers are single nodes (a CPU tensor made or
 read, a host synchronization such as `.item()` or `nonzero`, a data-dependent size, an op tagged
-`cudagraph_unsafe`) is split into segments in node order. Each maximal run of nodes that can be recorded
-is compiled by ember as a graph of its own and recorded by its own `CudaGraphRunner` (a captured
-partition, `ember.metrics.cudagraph_partitions`); the nodes between them run eagerly, as the ATen ops they
-are. `PartitionedGraph` runs the pieces in order.
+`cudagraph_unsafe`) is split into segments. Each maximal run of nodes that can be recorded is compiled by
+ember as a graph of its own and recorded by its own `CudaGraphRunner` (a captured partition,
+`ember.metrics.cudagraph_partitions`); the nodes between them run eagerly, as the ATen ops they are (ember
+may not compile them: `.item()` and data-dependent sizes). `PartitionedGraph` runs the pieces in order.
+
+The segments follow the graph's order, except that the nodes that can be recorded and depend on no node
+that cannot are moved to the front, so that a blocker does not cut apart work that does not depend on it;
+nothing moves past an op that writes into memory or draws random numbers.
 
 What crosses from one piece to the next becomes an output of the one and an input of the other:
 - an input of a captured partition that is an input of the whole graph used in place (a parameter, a
@@ -12,7 +16,7 @@ What crosses from one piece to the next becomes an output of the one and an inpu
   runner reads in place; the rest (outputs of the eager pieces, other graph inputs) are copied in;
 - an integer that depends on data (`n = t.sum().item()` used later as a scalar) is an integer input of the
   partition that reads it, so the partition keeps one recording per value, as for a size; every size symbol
-  a captured partition's tensors use is an integer input of it for the same reason;
+  of the tensors a captured partition reads is an integer input of it for the same reason;
 - a tensor whose size depends on data is only made and read between captured partitions.
 Inputs the graph writes into (a KV cache, running statistics) are written by the piece whose nodes write
 them: a captured partition copies them back out of its buffers as a whole graph's runner does.
@@ -100,6 +104,29 @@ def _in_order(gm: torch.fx.GraphModule) -> list:
     return order
 
 
+def _pure(n: torch.fx.Node) -> bool:
+    """Whether moving `n` earlier cannot change what the graph computes: it writes nothing and draws no
+    random numbers."""
+    if getattr(n.target, "__module__", None) == "_operator":       # getitem, arithmetic on sizes
+        return True
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return False
+    return not n.target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in n.target.tags
+
+
+def _hoisted(order: list, blocked: dict) -> list:
+    """`order` with the nodes that can be recorded and do not depend on one that cannot moved to the front
+    (keeping their order), so that they join one partition instead of being cut apart by a blocker they do
+    not read. Nothing moves past an op that writes or draws random numbers."""
+    late: set = set()
+    barrier = False
+    for n in order:
+        barrier = barrier or not _pure(n)
+        if blocked[n] or barrier or any(a in late for a in n.all_input_nodes):
+            late.add(n)
+    return [n for n in order if n not in late] + [n for n in order if n in late]
+
+
 def _does_tensor_work(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and not n.target.is_view and \
         any(isinstance(v, torch.Tensor) for v in _values(n.meta.get("val")))
@@ -108,13 +135,14 @@ def _does_tensor_work(n: torch.fx.Node) -> bool:
 def split_segments(gm: torch.fx.GraphModule, device_type: str) -> list[Segment]:
     """The graph's call_function nodes as segments that alternate between captured and not, with the
     values that cross between them."""
+    order = _in_order(gm)
+    blocked: dict = {}      # node -> why it cannot be recorded; a getitem shares its multi-output op's
+    for n in order:
+        source = n.args[0] if n.target is operator.getitem and n.args[0] in blocked else n
+        blocked[n] = blocked[source] if source is not n else node_blockers(n, device_type)
     runs: list[Segment] = []
-    owner: dict = {}        # a multi-output node -> its reasons, shared with its getitems
-    for n in _in_order(gm):
-        source = n.args[0] if n.target is operator.getitem and n.args[0] in owner else n
-        why = owner[source] if source is not n else node_blockers(n, device_type)
-        if _multi_output(n):
-            owner[n] = why
+    for n in _hoisted(order, blocked):
+        why = blocked[n]
         if runs and runs[-1].captured == (not why):
             runs[-1].nodes.append(n)
             runs[-1].why.extend(why)
@@ -264,8 +292,8 @@ def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: list, kind: st
                                cudagraphs=True, static_inputs=static_inputs)
             metrics.cudagraph_partitions += 1
         else:
-            log.debug("ember: a %s graph runs %s (%d nodes) without CUDA graphs: %s", kind, s.nodes[0].name,
-                      len(s.nodes), "; ".join(dict.fromkeys(s.why)) or "no tensor work")
+            log.debug("ember: %s graph: %d nodes from %s on run between CUDA graphs: %s", kind, len(s.nodes),
+                      s.nodes[0].name, "; ".join(dict.fromkeys(s.why)) or "no tensor work")
             fn = _eager(module)
         for n in s.outputs:
             slot[n] = len(slot)
@@ -282,6 +310,6 @@ def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: list, kind: st
         if i not in kept:
             steps[k].release.append(i)
     unused = [i for i in range(len(placeholders)) if i not in last and i not in kept]
-    log.debug("ember: a %s graph is split into %d pieces, %d of them recorded into CUDA graphs", kind,
+    log.debug("ember: %s graph split into %d pieces, %d of them recorded into CUDA graphs", kind,
               len(segments), sum(s.captured for s in segments))
     return PartitionedGraph(steps, result, unused)

@@ -27,8 +27,11 @@ temporaries; before a replay, the outputs of every later recording in the pool a
 the replaying graph's own (`_Pool`).
 
 What is not recorded. A graph that reads or makes CPU tensors, synchronizes with the host (`.item()`,
-`nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` runs without CUDA graphs
-(`capture_blockers` names why, in the debug log). A capture that fails warns once and the graph runs
+`nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` is split around those nodes
+(runtime/cudagraph_partition.py): the runs of nodes between them are compiled and recorded each by a runner
+of its own, and those nodes run eagerly between them (the debug log names why). Settings that read or
+synchronize after every call (`config.check_nans`, `config.debug_sync`) keep the whole graph unrecorded
+(`capture_blockers`). A capture that fails warns once and the graph runs
 without CUDA graphs from then on. Random ops draw their seeds with `aten.randint` inside the graph, which
 CUDA graphs advance on every replay, so dropout masks differ per step as without graphs.
 """
