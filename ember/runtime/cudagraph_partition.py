@@ -61,6 +61,8 @@ def node_blockers(n: torch.fx.Node, device_type: str) -> list[str]:
                 why.append(f"{n.name} reads {a.name}, a {v.device.type} tensor")
             elif isinstance(v, torch.SymInt) and isinstance(v.node.expr, (sympy.Symbol, sympy.Integer)):
                 continue        # an integer input: the partition keeps a recording per value
+            elif isinstance(v, (float, torch.SymFloat)):
+                why.append(f"{n.name} reads {a.name}, a float a recording would keep")
             elif isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) and \
                     free_unbacked_symbols(v):
                 why.append(f"{n.name} reads {a.name}, of a data-dependent value")

@@ -271,8 +271,7 @@ def test_an_input_written_in_place_around_an_item(device):
         torch.testing.assert_close(cm(cache, x, pos), step(ref_cache, x, pos), rtol=1e-4, atol=1e-5)
         # the cache is a plain input: copied into the recording's buffer, written back after each replay
         torch.testing.assert_close(cache, ref_cache, rtol=1e-4, atol=1e-5)
-    assert ember.metrics.cudagraph_partitions >= 1
-    assert ember.metrics.cudagraph_replays >= 6
+    assert _counters() == (2, 14, 2)
 
 
 def test_training_through_a_split_graph(device):
