@@ -275,7 +275,8 @@ def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: list, kind: st
     # the split reads devices and sizes from each value's meta (runtime asserts have none)
     unknown = [n for n in gm.graph.nodes if n.op in ("placeholder", "call_function") and n.users and
                "val" not in n.meta]
-    if not why or unknown or not isinstance(output.args[0], (tuple, list)):
+    if not why or unknown or not isinstance(output.args[0], (tuple, list)) or \
+            any(isinstance(r, torch.fx.Node) and r.op == "get_attr" for r in output.args[0]):
         return None
     segments = split_segments(gm, device_type)
     if not any(s.captured for s in segments):
