@@ -37,6 +37,7 @@ from .lowering.graph_lowering import GraphLowering
 from .runtime import graph_cache
 from .runtime.checks import EmberNanError
 from .runtime.compile_profile import CompileProfile
+from .runtime.cudagraph_partition import compile_partitioned
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
 from .lowering.registry import load_all
@@ -112,15 +113,17 @@ def _warn(msg: str):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool = False,
-                  is_inference: bool = False, cudagraphs: bool | None = None):
+                  is_inference: bool = False, cudagraphs: bool | None = None, static_inputs=None):
     """Compile an ATen-level FX graph (forward, backward or inference). Returns a boxed callable
     (`fn(list_of_inputs) -> tuple`). If compilation fails, warns once and returns the graph itself,
     run eagerly (ember.config.fallback_on_error=False raises instead). `cudagraphs` (default
-    ember.config.cudagraphs) records the compiled graph into CUDA graphs (runtime/cudagraphs.py)."""
+    ember.config.cudagraphs) records the compiled graph into CUDA graphs (runtime/cudagraphs.py), split
+    around what cannot be recorded (runtime/cudagraph_partition.py, which compiles each captured partition
+    with its `static_inputs`: the indices of the inputs it reads in place)."""
     kind = "backward" if is_backward else ("inference" if is_inference else "forward")
     try:
         return _compile(gm, list(example_inputs), kind,
-                        config.cudagraphs if cudagraphs is None else cudagraphs)
+                        config.cudagraphs if cudagraphs is None else cudagraphs, static_inputs)
     except Exception as e:
         msg = f"ember failed to compile a {kind} graph and will run it eagerly: {type(e).__name__}: {e}{_where(e)}"
         if not config.fallback_on_error:
@@ -130,9 +133,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
         return _eager(gm)
 
 
-def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
+def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> CompiledGraph:
     config.validate()
     check_backend_settings()
+    partitioned = compile_partitioned(gm, example_inputs, kind) if cudagraphs and static_inputs is None else None
+    if partitioned is not None:
+        return partitioned
     # config.report: what this graph holds and how long its calls take, for the report written at exit
     report = report_recorder().begin_graph(kind) if config.report else None
     with CompileProfile(kind) as profile:
@@ -157,7 +163,7 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool) -> CompiledGraph:
             fn, source = compile_fx(program) if config.wrapper == "fx" else compile_python(program)
         fn = guard_current_device(fn, program)
         if cudagraphs:
-            fn = cudagraph_runner(fn, gm, example_inputs, kind)
+            fn = cudagraph_runner(fn, gm, example_inputs, kind, static_inputs)
         dump.write("wrapper.py", source)
         by_extension: dict = {}
         for k in program.kernels():

@@ -17,6 +17,7 @@ _COUNTS = {
     "cudagraph_records": "graphs recorded into a CUDA graph",
     "cudagraph_replays": "CUDA graph replays",
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
+    "cudagraph_partitions": "captured partitions of graphs split around what CUDA graphs cannot record",
     "graph_cache_hits": "graphs loaded from the on-disk graph cache",
     "graph_cache_misses": "graphs compiled while the graph cache was on",
     "template_kernels": "GEMM template kernels generated",
@@ -25,7 +26,7 @@ _COUNTS = {
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
-cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
+cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = 0
 template_kernels = fused_epilogue_nodes = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)

@@ -30,8 +30,11 @@ temporaries; before a replay, the outputs of every later recording in the pool a
 the replaying graph's own (`_Pool`).
 
 What is not recorded. A graph that reads or makes CPU tensors, synchronizes with the host (`.item()`,
-`nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` runs without CUDA graphs
-(`capture_blockers` names why, in the debug log). A capture that fails warns once and the graph runs
+`nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` is split around those nodes
+(runtime/cudagraph_partition.py): the runs of nodes between them are compiled and recorded each by a runner
+of its own, and those nodes run eagerly between them (the debug log names why). Settings that read or
+synchronize after every call (`config.check_nans`, `config.debug_sync`) keep the whole graph unrecorded
+(`capture_blockers`). A capture that fails warns once and the graph runs
 without CUDA graphs from then on. Random ops draw their seeds with `aten.randint` inside the graph, which
 CUDA graphs advance on every replay, so dropout masks differ per step as without graphs.
 """
@@ -394,31 +397,51 @@ def _drop_recording(rec: _Recording) -> None:
         runner._drop(entry)
 
 
-def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
-    """`fn` run through CUDA graphs where the graph allows it, else `fn` itself (the reason logged)."""
-    on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
-    if not on_cuda and not EMULATE_ON_CPU:
-        _cpu_note()
-        return fn
-    why = capture_blockers(gm, "cuda" if on_cuda else "cpu")
-    if why:
-        log.debug("ember: %s graph runs without CUDA graphs: %s", kind, "; ".join(why))
-        return fn
+def capture_device_type(example_inputs) -> Optional[str]:
+    """The device type a graph with these inputs is recorded on: "cuda", "cpu" where tests emulate capture
+    (EMULATE_ON_CPU), None where it runs as it is (said once, at info level)."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        return "cuda"
+    if EMULATE_ON_CPU:
+        return "cpu"
+    _cpu_note()
+    return None
+
+
+def static_input_indices(gm: torch.fx.GraphModule, kind: str) -> tuple:
+    """The inputs of a whole graph that stay where they are between calls (read in place)."""
     if kind == "backward":
         # what a backward graph saved from its forward (activations, parameters) stays where it is between
         # steps; the incoming gradients ("tangents_*") are new tensors each step
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        static = tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
+        return tuple(i for i, n in enumerate(placeholders) if not n.name.startswith("tangents"))
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    return tuple(getattr(meta, "static_input_indices", None) or ())
+
+
+def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str, static_inputs=None) -> Callable:
+    """`fn` run through CUDA graphs where the graph allows it, else `fn` itself (the reason logged).
+    `static_inputs` is given for a captured partition of a larger graph (runtime/cudagraph_partition.py):
+    the inputs it reads in place; its integer inputs may then depend on data (one recording per value)."""
+    device_type = capture_device_type(example_inputs)
+    if device_type is None:
+        return fn
+    if static_inputs is None:
+        why = capture_blockers(gm, device_type)
+        static_inputs = static_input_indices(gm, kind)
     else:
-        ctx = torch._guards.TracingContext.try_get()
-        meta = getattr(ctx, "fw_metadata", None)
-        static = tuple(getattr(meta, "static_input_indices", None) or ())
+        from .cudagraph_partition import partition_blockers
+        why = partition_blockers(gm, device_type)
+    if why:
+        log.debug("ember: %s graph runs without CUDA graphs: %s", kind, "; ".join(why))
+        return fn
     int_inputs = [i for i, x in enumerate(example_inputs) if isinstance(x, (int, torch.SymInt))]
     device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda"),
                   "cpu")
-    return CudaGraphRunner(fn, static_inputs=static, mutated=mutated_inputs(gm), int_inputs=int_inputs,
-                           label=f"a {kind} graph", capture_factory=CudaCapture if on_cuda else EmulatedCapture,
-                           device=device)
+    return CudaGraphRunner(fn, static_inputs=static_inputs, mutated=mutated_inputs(gm), int_inputs=int_inputs,
+                           label=f"a {kind} graph", capture_factory=CudaCapture if device_type == "cuda"
+                           else EmulatedCapture, device=device)
 
 
 _noted_cpu = False
