@@ -152,15 +152,23 @@ class EmulatedCapture:
         pass
 
     def capture(self, fn: Callable, args: list):
-        # a capture runs nothing: the inputs the function writes into must come out unchanged
+        # a capture runs nothing: the inputs the function writes into must come out unchanged; and as with
+        # a CUDA graph, an output that is an input is that input's memory
         self.fn = fn
-        self.outs = fn([a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+        storages = {a.untyped_storage().data_ptr(): a.untyped_storage() for a in args if isinstance(a, torch.Tensor)}
+        before = {p: st.clone() for p, st in storages.items()}
+        self.outs = fn(list(args))
+        for p, st in storages.items():
+            st.copy_(before[p])
         return self.outs
 
     def replay(self, args: list) -> None:
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         for old, new in zip(self.outs, self.fn(args)):
-            if isinstance(old, torch.Tensor):
-                old.copy_(new)
+            # an output that is an input's memory is already what the graph returns; the others are written
+            # as a CUDA graph writes them, unseen by autograd's version counters (`.data`)
+            if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() not in inputs:
+                old.data.copy_(new)
 
 
 @dataclasses.dataclass(eq=False)
@@ -337,11 +345,16 @@ class CudaGraphRunner:
                           f"without CUDA graphs", RuntimeWarning, stacklevel=3)
             return self.fn(args)
         outs = tuple(outs)
-        inputs = {a.untyped_storage().data_ptr() for a in call_args if isinstance(a, torch.Tensor)}
+        # an output over a program's input (read in place) is the program's own memory, which no replay
+        # overwrites behind its back; an output over one of the recording's buffers (a graph returns its
+        # input: a forward saving it for its backward) is overwritten by the next call's copy-in, so it is
+        # watched as the graph's own outputs are
+        in_place = {a.untyped_storage().data_ptr() for i, a in enumerate(call_args)
+                    if isinstance(a, torch.Tensor) and i not in buffers}
         storages = []
         for o in outs:
             if isinstance(o, torch.Tensor) and _use_count is not None and \
-                    o.untyped_storage().data_ptr() not in inputs:
+                    o.untyped_storage().data_ptr() not in in_place:
                 storages.append(o.untyped_storage()._cdata)
             else:
                 storages.append(None)

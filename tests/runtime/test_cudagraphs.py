@@ -329,6 +329,19 @@ def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(devic
     assert ember.metrics.cudagraph_output_copies == 0
 
 
+def test_two_forwards_before_one_backward_keep_each_ones_saved_input(device):
+    """Gradient accumulation: the forward saves its input for the backward, and that input lies in the
+    recording's buffer; the second forward's copy-in must not overwrite what the first one saved."""
+    model, ref = _mlp_and_copy(device)
+    cm = _compile(model)
+    for step in range(4):
+        xs = [torch.randn(8, 16, device=device) for _ in range(2)]
+        for m in (cm, ref):
+            sum(m(x).pow(2).mean() for x in xs).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_compiled_adamw_step_with_reduce_overhead(device):
     model, ref = _mlp_and_copy(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
