@@ -38,6 +38,9 @@ class KernelBackend:
     adds_matmul_bias_in_epilogue: bool = False
     # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once
     reads_rows_online: bool = False
+    # the device's convolution library (cuDNN, oneDNN) runs 2-D convolutions fastest channels-last: plan
+    # conv-heavy graphs so (graph/passes/conv_layout.py)
+    channels_last_convolutions: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
 
