@@ -31,7 +31,7 @@ from .device import check_backend_settings
 from .debug.dump import DebugDump
 from .debug.irprint import describe_buffers, describe_groups
 from .graph import decompose as decomp
-from .graph.passes import post_grad
+from .graph.passes import conv_layout, post_grad
 from .ir.symbolic import hint
 from .lowering.graph_lowering import GraphLowering
 from .runtime import graph_cache
@@ -63,6 +63,7 @@ class CompiledGraph:
         # the wrapper calls ATen ops (fallbacks, matmuls), which grad mode and autocast act on; a graph of
         # ember's kernels alone runs the same in any mode
         self.calls_aten = calls_aten
+        self.output_strides = ()   # where the forward's layouts were planned: its backward reads these
 
     def __call__(self, args):
         if self.checked:
@@ -79,17 +80,21 @@ class CompiledGraph:
             _warn(f"ember: the compiled graph failed on its first run ({type(e).__name__}: {e}); "
                   f"running it eagerly from now on")
             metrics.eager_fallbacks += 1
-            self.fn = _eager(self.gm)
+            self.fn = _eager(self.gm, self.output_strides)
             self.calls_aten = True
             self.checked = True
             return self.fn(saved)
 
 
-def _eager(gm: torch.fx.GraphModule):
+def _eager(gm: torch.fx.GraphModule, output_strides=()):
     def run(args):
         a = list(args)
         args.clear()
-        return gm(*a)
+        out = gm(*a)
+        if not output_strides:
+            return out
+        return type(out)(torch.empty_strided(o.shape, st, dtype=o.dtype, device=o.device).copy_(o)
+                         if st is not None and isinstance(o, torch.Tensor) else o for o, st in zip(out, output_strides))
     run._boxed_call = True
     return run
 
@@ -179,7 +184,11 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> 
         report.compile_seconds, report.stage_seconds = seconds, dict(profile.seconds)
         fn = report_recorder().observe(report, fn)
     calls_aten = any(isinstance(ln, CallExtern) for ln in program.lines)
-    return CompiledGraph(fn, source, kernel_count, gm, kernels, calls_aten)
+    compiled = CompiledGraph(fn, source, kernel_count, gm, kernels, calls_aten)
+    if kind == "forward":
+        compiled.output_strides = program.output_strides
+        conv_layout.report_output_strides(list(program.output_strides))
+    return compiled
 
 
 def _generate(gm, example_inputs, kind, dump, profile, report):
@@ -190,6 +199,8 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
         decomp.pin_factory_devices(gm)
         gm = decomp.decompose(gm, example_inputs)
     gm.meta[post_grad.GRAPH_KIND] = kind
+    if kind == "backward":
+        conv_layout.adopt_input_strides(gm, example_inputs)
     with profile.stage("post-grad passes"):
         gm = post_grad.run(gm)
     dump.write("post_grad_graph.txt", lambda: gm.print_readable(print_output=False))
@@ -208,6 +219,7 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
         with profile.stage("code generation"):
             builder = ProgramBuilder(lowering, groups, report.prefix if report is not None else None)
             program = builder.build()
+            program.output_strides = tuple(conv_layout.planned_output_strides(gm, lowering.outputs))
         if report is not None:
             collect_graph(report, gm, lowering, groups, program)
     return gm, program, builder

@@ -60,6 +60,10 @@ class Config:
     # Check the size and stride of every extern (ATen fallback) output at run time (about 1 us each): an op
     # whose meta function disagrees with its real kernel then fails loudly instead of being misread.
     check_extern_layouts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_CHECK_EXTERN_LAYOUTS", True))
+    # Layouts of 2-D convolutions and the values between them (graph/passes/conv_layout.py): "auto" runs
+    # them channels-last where the device's convolution library prefers it, "channels_last" always,
+    # "as_traced" in the layouts eager gives.
+    conv_layout: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_CONV_LAYOUT", "auto"))
     # Fusion switches.
     fuse: bool = True
     horizontal_fusion: bool = True

@@ -43,6 +43,9 @@ class KernelBackend:
     gemm_templates: bool = False
     # can time a template against the library call at first call (gemm_templates="auto" then uses it)
     tunes: bool = False
+    # the device's convolution library (cuDNN, oneDNN) runs 2-D convolutions fastest channels-last: plan
+    # conv-heavy graphs so (graph/passes/conv_layout.py)
+    channels_last_convolutions: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
 

@@ -59,6 +59,8 @@ class CppBackend(KernelBackend):
     # softmax keeps exp(x - max) in a row buffer from the sum's pass for the division, and a row stays in
     # cache between its passes: an online sum would compute exp twice
     reads_rows_online = False
+    # oneDNN runs NCHW convolutions slower than channels-last ones (`python -m benchmarks.conv_layout`)
+    channels_last_convolutions = True
     tiling = CPP_TILING                      # transposes only
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:

@@ -162,6 +162,9 @@ class WrapperProgram:
     inputs: list                      # input names in call order
     lines: list
     constants: dict                   # name -> tensor (get_attr constants)
+    # a forward graph's outputs' strides where its layouts were planned (graph/passes/conv_layout.py),
+    # reported to AOTAutograd for the backward; empty otherwise
+    output_strides: tuple = ()
 
     def kernels(self) -> list:
         return [ln for ln in self.lines if isinstance(ln, DefineKernel)]
