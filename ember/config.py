@@ -79,8 +79,10 @@ class Config:
     # Matrix products (mm, addmm, bmm) as ember's own GEMM template kernels, their pointwise consumers fused
     # into the tile before it is stored (codegen/triton/gemm_template.py): "auto" where the backend can time
     # the template against the library call plus a separate epilogue kernel (the faster is used), "always"
-    # for every supported product (tests), "never" (library calls only).
-    gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "auto"))
+    # for every supported product (tests), "never" (library calls only). Default "never": on an H100 the
+    # first-call timing picks the template where the anchor measures it slower than cuBLAS plus its
+    # epilogue kernel (`python -m benchmarks.gemm_template_check`, docs/performance.md).
+    gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "never"))
     # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
     # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its
     # first launch, in this process.

@@ -225,7 +225,10 @@ def test_boolean_mask_in_the_middle_with_dynamic_sizes(device):
 
 def test_op_tagged_cudagraph_unsafe_in_the_middle(device):
     _matches_eager(lambda x: host_scale(x.sin() + 1).cos() * 2, lambda: torch.randn(16, device=device))
-    assert _counters() == (2, 8, 2)
+    records, replays, partitions = _counters()
+    # each partition recorded once; the one after the op reads the op's fresh output, which the caching
+    # allocator may place where the warm-up's was and later elsewhere: then it is recorded once more
+    assert partitions == 2 and replays == 8 and records in (2, 3)
 
 
 def test_cpu_tensor_in_the_middle(device):
@@ -234,7 +237,7 @@ def test_cpu_tensor_in_the_middle(device):
 
     def f(x):
         host = (x.sin() * 2).cpu()
-        return (host.sqrt().abs() + 1).to(x.device).log() * x
+        return (host.abs().sqrt() + 1).to(x.device).log() * x
     _matches_eager(f, lambda: torch.randn(32, device=device))
     assert _counters() == (2, 8, 2)
 
