@@ -12,6 +12,7 @@ _COUNTS = {
     "in_place_buffers": "kernel outputs written over a dying input's memory",
     "direct_graphs": "inference graphs called without AOTAutograd's wrapper",
     "attention_rewrites": "hand-written attentions rewritten to SDPA",
+    "linear_cross_entropy_rewrites": "cross-entropies of a linear rewritten to chunked linear cross-entropy",
     "cudagraph_records": "graphs recorded into a CUDA graph",
     "cudagraph_replays": "CUDA graph replays",
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
@@ -21,7 +22,7 @@ _COUNTS = {
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
 direct_graphs = attention_rewrites = cudagraph_records = cudagraph_replays = cudagraph_output_copies = 0
-graph_cache_hits = graph_cache_misses = 0
+graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 compile_stage_seconds: collections.Counter = collections.Counter()   # ... per stage (runtime/compile_profile.py)
