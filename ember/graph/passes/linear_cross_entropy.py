@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
 
 from ... import config, metrics
 from ..linear_cross_entropy_op import chunk_rows_for
@@ -94,10 +95,10 @@ def _is_row_slice(n: torch.fx.Node, ndim: int) -> bool:
 def _chain(start: torch.fx.Node, vocab: int):
     """Walk up from cross_entropy's input to the linear: (the nodes walked, the linear last; the row slices,
     in order), or None."""
-    walked, slices, n, seen_view = [], [], start, False
+    walked, slices, n = [], [], start
     while True:
         v = _val(n)
-        if not isinstance(v, torch.Tensor) or v.dim() < 1 or v.shape[-1] != vocab:
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or not statically_known_true(v.shape[-1] == vocab):
             return None
         walked.append(n)
         if n.op == "call_function" and n.target in _LINEARS:
@@ -105,9 +106,9 @@ def _chain(start: torch.fx.Node, vocab: int):
         if _is_float32_cast(n) or (n.op == "call_method" and n.target == "contiguous" and len(n.args) == 1):
             pass
         elif n.op == "call_method" and n.target in _VIEW_METHODS:
-            seen_view = True
-        elif _is_row_slice(n, v.dim()) and not seen_view:
-            # a row slice above a view would index rows of the regrouped view, not of x
+            if slices:          # a row slice after a view indexes the regrouped rows, not x's
+                return None
+        elif _is_row_slice(n, v.dim()):
             slices.append(n.args[1])
         else:
             return None
@@ -128,7 +129,7 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
     lv, tv = _val(logits), _val(target)
     if not (isinstance(lv, torch.Tensor) and isinstance(tv, torch.Tensor) and isinstance(loss, torch.Tensor)):
         return False
-    if lv.dim() != 2 or tv.dim() != 1 or tv.dtype not in (torch.int64, torch.int32) or not isinstance(lv.shape[1], int):
+    if lv.dim() != 2 or tv.dim() != 1 or tv.dtype not in (torch.int64, torch.int32):
         return False
     found = _chain(logits, lv.shape[1])
     if found is None:
@@ -153,11 +154,11 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
         rows = x
         for index in slices:
             rows = graph.call_function(operator.getitem, (rows, index))
-        rows = graph.call_function(torch.reshape, (cast(rows, xv), (-1, wv.shape[1])))
+        rows = graph.call_function(torch.flatten, (cast(rows, xv), 0, -2)) if xv.dim() > 2 else cast(rows, xv)
         fused = graph.call_function(torch.ops.ember.linear_cross_entropy.default, (
             rows, cast(weight, wv), None if bias is None else cast(bias, bv), target,
             a["ignore_index"], a["reduction"], float(a["label_smoothing"]),
-            chunk_rows_for(lv.shape[1], config.linear_cross_entropy_chunk_bytes), loss.dtype, *flags))
+            chunk_rows_for(optimization_hint(lv.shape[1]), config.linear_cross_entropy_chunk_bytes), loss.dtype, *flags))
         new_loss = graph.call_function(operator.getitem, (fused, 0))
     ce.replace_all_uses_with(new_loss)
     # the logits chain stays where something else reads it (the logits returned with the loss)
