@@ -242,3 +242,23 @@ def test_other_forms_are_left_alone(case, graphs):
     }
     compare(run_both(fns[case], (x, w, t), torch.float32), torch.float32)
     assert ember.metrics.linear_cross_entropy_rewrites == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_op_with_a_padded_vocabulary(dtype, label_smoothing):
+    """vocab_align pads W's rows (and b) to a multiple of 8; the padding takes no part in the loss or the
+    gradients (called directly: the C++ backend's alignment never pads)."""
+    x, w, b, t = inputs(True, True)
+    x, w, b = (v.to(dtype).requires_grad_(True) for v in (x, w, b))
+    expected = F.cross_entropy(F.linear(x, w, b).float(), t, label_smoothing=label_smoothing)
+    expected.backward()
+    grads = [v.grad for v in (x, w, b)]
+    for v in (x, w, b):
+        v.grad = None
+    actual = torch.ops.ember.linear_cross_entropy(x, w, b, t, -100, "mean", label_smoothing, CHUNK_ROWS, 8,
+                                                  torch.float32, True, True, True)[0]
+    actual.backward()
+    close(actual, expected, dtype, "loss")
+    for i, (v, g) in enumerate(zip((x, w, b), grads)):
+        close(v.grad, g, dtype, f"grad {i}")

@@ -1,27 +1,33 @@
 """`ember::linear_cross_entropy`: cross-entropy of a linear layer's output, computed in chunks of rows so that
-the `[rows, vocab]` logits, their fp32 copy, their softmax and their gradient exist only one chunk at a time
+the `[rows, vocab]` logits, their fp32 log-probabilities and their gradient exist only one chunk at a time
 (the approach of Liger-Kernel's fused linear cross-entropy). `graph/passes/linear_cross_entropy.py` rewrites
 `F.cross_entropy(F.linear(x, W, b) [.float()] [.view(-1, V)], target, ...)` into it.
 
     linear_cross_entropy(x[N, H], weight[V, H], bias[V]?, target[N], ignore_index, reduction, label_smoothing,
-                         chunk_rows, out_dtype, grad_x, grad_weight, grad_bias)
+                         chunk_rows, vocab_align, out_dtype, grad_x, grad_weight, grad_bias)
         -> (loss, dx[N, H], dweight[V, H], dbias[V])
 
-The forward computes, for each chunk of rows, the logits (one GEMM in the inputs' dtype), their row max and
-log-sum-exp in fp32, the chunk's loss, and the gradient of the loss w.r.t. the chunk's logits
-(softmax - smoothed one-hot, scaled by the reduction, zero on ignored rows); it then spends that gradient at
-once: dx[chunk] = dlogits @ W, dW += dlogits^T @ x[chunk] (in fp32, cast once at the end), db += the
-column sums. dx, dW and db are the gradients for an incoming gradient of 1: they are outputs of the op that
-the autograd formula saves, and the backward only scales them by the loss's incoming gradient. A flag
-that is False leaves that gradient out (an empty tensor; an inference graph passes all three False, and
-then only the loss is computed).
+For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), their
+log-probabilities in fp32 (`log_softmax(..., dtype=float32)`: one kernel that reads 16-bit logits as they
+are), the chunk's loss, and the gradient of the loss w.r.t. the chunk's logits, softmax - (1 - eps) onehot -
+eps / V, written in x's dtype by one exp; it spends that gradient at once: dx[chunk] = dlogits @ W,
+dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. Ignored rows
+are zeroed in x's chunk for dW and db and in dx afterwards, and the reduction's scale (1 or 1 / rows kept)
+is applied once at the end, so the chunk's gradient needs no pass of its own for either.
 
-Semantics are F.cross_entropy's with class indices: `ignore_index` rows contribute nothing; "mean" divides
-by the number of rows not ignored; label smoothing ε mixes the one-hot target with ε/V per class. The loss
-is accumulated in fp32 and returned in `out_dtype` (the dtype the replaced cross-entropy returned).
+dx, dW and db are the gradients for an incoming gradient of 1: outputs of the op, which the autograd
+formula saves; the backward only scales them by the loss's incoming gradient. A flag that is False leaves
+that gradient out (an empty tensor); an inference graph passes all three False and only the loss is
+computed.
 
-The per-chunk work is a few ATen ops (GEMMs, then in-place pointwise ops and row reductions on the chunk's
-fp32 logits), device-agnostic: CPU and CUDA run the same code. Compiled graphs call the op as an extern.
+`vocab_align` > 1 pads the vocabulary (W's rows, b) with zeros to a multiple of it, for GEMMs whose
+16-bit rows are aligned (cuBLAS runs misaligned leading dimensions several times slower: see
+post_grad.pad_matmuls); the padding's logits are set to -inf, so they take no share of the softmax and
+get no gradient. Semantics are F.cross_entropy's with class indices: `ignore_index` rows contribute
+nothing; "mean" divides by the number of rows not ignored (NaN when there are none, as eager); label
+smoothing eps mixes the one-hot target with eps / V per class. The loss is accumulated in fp32 and returned
+in `out_dtype` (the dtype the replaced cross-entropy returned). The code is device-agnostic ATen: CPU and
+CUDA run the same ops, and compiled graphs call the op as an extern.
 """
 from __future__ import annotations
 
@@ -40,61 +46,70 @@ def chunk_rows_for(vocab: int, chunk_bytes: int) -> int:
 @torch.library.custom_op("ember::linear_cross_entropy", mutates_args=())
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
                          ignore_index: int, reduction: str, label_smoothing: float, chunk_rows: int,
-                         out_dtype: torch.dtype, grad_x: bool, grad_weight: bool, grad_bias: bool
+                         vocab_align: int, out_dtype: torch.dtype, grad_x: bool, grad_weight: bool, grad_bias: bool
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n, vocab = x.shape[0], weight.shape[0]
+    eps = label_smoothing
+    padded = vocab + (-vocab % vocab_align if vocab_align > 1 else 0)
+    w = torch.nn.functional.pad(weight, (0, 0, 0, padded - vocab)) if padded != vocab else weight
+    b = torch.nn.functional.pad(bias, (0, padded - vocab)) if bias is not None and padded != vocab else bias
     valid = target != ignore_index
     safe_target = torch.where(valid, target, 0).unsqueeze(1)
-    # every row's weight in the reduced loss: 1 (sum) or 1 / rows kept (mean), 0 on ignored rows; as a tensor,
-    # so that the count never synchronizes with the host
-    row_scale = valid.to(torch.float32)
-    if reduction == "mean":
-        row_scale = row_scale / valid.sum().to(torch.float32)
+    keep = valid.to(x.dtype).unsqueeze(1)           # 1 on rows that count, 0 on ignored rows
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x) if grad_x else x.new_empty(0)
-    dweight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
-    dbias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if grad_bias else None
+    dweight = torch.zeros((padded, weight.shape[1]), dtype=torch.float32, device=weight.device) if grad_weight else None
+    dbias = torch.zeros(padded, dtype=torch.float32, device=weight.device) if grad_bias else None
     wants_grads = grad_x or grad_weight or grad_bias
     for r in range(0, n, chunk_rows):
-        xc = x[r:r + chunk_rows]
-        logits = torch.mm(xc, weight.t()) if bias is None else torch.addmm(bias, xc, weight.t())
-        z = logits.float() if logits.dtype != torch.float32 else logits
+        xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
+        logits = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
+        logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
+        log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
         del logits
-        tc, scale = safe_target[r:r + chunk_rows], row_scale[r:r + chunk_rows]
-        z_target = z.gather(1, tc).squeeze(1)
-        z_sum = z.sum(1) if label_smoothing else None
-        z_max = z.amax(1, keepdim=True)
-        z.sub_(z_max)                       # z is now logits - max: exp(z) cannot overflow
-        z.exp_()
-        sum_exp = z.sum(1)
-        lse = z_max.squeeze(1) + sum_exp.log()
-        rows = lse - z_target
-        if label_smoothing:
-            rows = (1 - label_smoothing) * rows + label_smoothing * (lse - z_sum / vocab)
-        total += (rows * scale).sum()
+        lp_target = log_probs.gather(1, tc)
+        rows = -lp_target
+        if eps:
+            rows = (1 - eps) * rows - (eps / vocab) * log_probs[:, :vocab].sum(1, keepdim=True)
+        total += (rows * kc).sum()
         if not wants_grads:
             continue
-        # dloss/dlogits = (softmax - (1 - eps) onehot - eps / V) * row_scale
-        z.div_(sum_exp.unsqueeze(1))
-        if label_smoothing:
-            z.sub_(label_smoothing / vocab)
-        z.scatter_add_(1, tc, z.new_full(tc.shape, label_smoothing - 1))
-        z.mul_(scale.unsqueeze(1))
-        dz = z.to(x.dtype) if x.dtype != torch.float32 else z
+        # dloss/dlogits of each row, unscaled: softmax - (1 - eps) onehot - eps / V, in x's dtype; the
+        # target's column is written from fp32 so that it is rounded once
+        dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=x.dtype, device=x.device))
+        if eps:
+            dz.sub_(eps / vocab)
+            dz[:, vocab:] = 0
+        dz.scatter_(1, tc, (lp_target.exp() - (1 - eps) - eps / vocab).to(x.dtype))
+        del log_probs
+        # ignored rows contribute nothing: their rows of x are zeroed for dW and db, their rows of dx after
         if grad_x:
-            torch.mm(dz, weight, out=dx[r:r + chunk_rows])
-        if grad_weight:
-            dweight += torch.mm(dz.t(), xc)
+            torch.mm(dz, w, out=dx[r:r + chunk_rows]).mul_(kc)
+        if grad_weight and dz.dtype == dweight.dtype:
+            dweight.addmm_(dz.t(), xc * kc)
+        elif grad_weight:
+            dweight += torch.mm(dz.t(), xc * kc)
         if grad_bias:
-            dbias += z.sum(0)
-    return (total.to(out_dtype), dx,
-            dweight.to(weight.dtype) if grad_weight else weight.new_empty(0),
-            dbias.to(bias.dtype) if grad_bias else weight.new_empty(0))
+            dbias += torch.mv(dz.t(), kc.squeeze(1))
+    # the reduction's scale, applied once: 1 (sum) or 1 / rows that count (mean)
+    scale = 1.0 / valid.sum().to(torch.float32) if reduction == "mean" else None
+    if scale is not None:
+        total = total * scale
+    return (total.to(out_dtype),
+            dx.mul_(scale) if grad_x and scale is not None else dx,
+            _finish(dweight, vocab, scale, weight.dtype) if grad_weight else weight.new_empty(0),
+            _finish(dbias, vocab, scale, weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """A gradient accumulated in fp32 over the padded vocabulary: its first `vocab` rows, scaled, in dtype."""
+    grad = grad[:vocab]
+    return (grad * scale if scale is not None else grad).to(dtype)
 
 
 @linear_cross_entropy.register_fake
-def _fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_rows, out_dtype, grad_x,
-          grad_weight, grad_bias):
+def _fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_rows, vocab_align, out_dtype,
+          grad_x, grad_weight, grad_bias):
     return (x.new_empty((), dtype=out_dtype), torch.empty_like(x) if grad_x else x.new_empty(0),
             torch.empty_like(weight) if grad_weight else weight.new_empty(0),
             torch.empty_like(bias) if grad_bias else weight.new_empty(0))
@@ -104,7 +119,7 @@ def _setup_context(ctx, inputs, output):
     _, dx, dweight, dbias = output
     ctx.mark_non_differentiable(dx, dweight, dbias)
     ctx.save_for_backward(dx, dweight, dbias)
-    ctx.grads = inputs[9:12]
+    ctx.grads = inputs[10:13]
 
 
 def _backward(ctx, grad_loss, *_unused):
@@ -112,7 +127,7 @@ def _backward(ctx, grad_loss, *_unused):
     grad_x, grad_weight, grad_bias = ctx.grads
     g = grad_loss.to(torch.float32)
     return (dx * g if grad_x else None, dweight * g if grad_weight else None, dbias * g if grad_bias else None,
-            None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None)
 
 
 linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
 
 from ... import config, metrics
+from ...device import backend_for
 from ..linear_cross_entropy_op import chunk_rows_for
 
 _LINEARS = (torch._C._nn.linear, F.linear)
@@ -158,7 +159,8 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
         fused = graph.call_function(torch.ops.ember.linear_cross_entropy.default, (
             rows, cast(weight, wv), None if bias is None else cast(bias, bv), target,
             a["ignore_index"], a["reduction"], float(a["label_smoothing"]),
-            chunk_rows_for(optimization_hint(lv.shape[1]), config.linear_cross_entropy_chunk_bytes), loss.dtype, *flags))
+            chunk_rows_for(optimization_hint(lv.shape[1]), config.linear_cross_entropy_chunk_bytes),
+            _vocab_align(out), loss.dtype, *flags))
         new_loss = graph.call_function(operator.getitem, (fused, 0))
     ce.replace_all_uses_with(new_loss)
     # the logits chain stays where something else reads it (the logits returned with the loss)
@@ -167,3 +169,11 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
             break
         graph.erase_node(n)
     return True
+
+
+def _vocab_align(logits) -> int:
+    """The multiple to pad the vocabulary to: the device's matmul alignment for 16-bit GEMMs (float32 ones
+    are never padded, as in post_grad.pad_matmuls)."""
+    if logits.dtype not in (torch.float16, torch.bfloat16):
+        return 1
+    return max(1, backend_for(logits.device).matmul_alignment // logits.element_size())
