@@ -142,12 +142,13 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
         return False
     x, weight, bias = la["input"], la["weight"], la["bias"]
     xv, wv, bv, out = _val(x), _val(weight), _val(bias), _val(linear)
-    if not all(isinstance(t, torch.Tensor) for t in (xv, wv, out)) or wv.dim() != 2 or not out.dtype.is_floating_point:
+    if not all(isinstance(t, torch.Tensor) for t in (xv, wv, out)) or xv.dim() < 2 or wv.dim() != 2:
+        return False
+    if not out.dtype.is_floating_point or out.dtype == torch.float64:
         return False
     if bias is not None and not isinstance(bv, torch.Tensor):
         return False
-    wants = out.requires_grad and torch.is_grad_enabled()
-    flags = [wants and t is not None and t.requires_grad for t in (xv, wv, bv)]
+    flags = [out.requires_grad and t is not None and t.requires_grad for t in (xv, wv, bv)]
     compute = out.dtype
     with graph.inserting_before(ce):
         def cast(n, v):
