@@ -98,7 +98,7 @@ class Config:
     quiet: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_QUIET", False))
     # Rewrite cross_entropy(linear(x, W, b), target) into ember::linear_cross_entropy, which computes the loss
     # and its gradients in chunks of rows, never holding the whole logits (graph/passes/linear_cross_entropy.py);
-    # a chunk's fp32 logits take at most linear_cross_entropy_chunk_bytes.
+    # a chunk's logits and their fp32 log-probabilities take at most linear_cross_entropy_chunk_bytes.
     fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", True))
     linear_cross_entropy_chunk_bytes: int = 256 << 20
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).

@@ -38,9 +38,10 @@ import torch
 _REDUCTIONS = ("mean", "sum")
 
 
-def chunk_rows_for(vocab: int, chunk_bytes: int) -> int:
-    """Rows per chunk so that a chunk's fp32 logits take at most chunk_bytes (at least one row)."""
-    return max(1, chunk_bytes // max(1, vocab * 4))
+def chunk_rows_for(vocab: int, itemsize: int, chunk_bytes: int) -> int:
+    """Rows per chunk so that a chunk's working set, its logits (itemsize bytes each) and their fp32
+    log-probabilities, takes at most chunk_bytes (at least one row)."""
+    return max(1, chunk_bytes // max(1, vocab * (itemsize + 4)))
 
 
 @torch.library.custom_op("ember::linear_cross_entropy", mutates_args=())
@@ -76,7 +77,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
             continue
         # dloss/dlogits of each row, unscaled: softmax - (1 - eps) onehot - eps / V, in x's dtype; the
         # target's column is written from fp32 so that it is rounded once
-        dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=x.dtype, device=x.device))
+        if x.dtype == torch.float32:
+            dz = log_probs.exp_()
+        else:
+            dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=x.dtype, device=x.device))
         if eps:
             dz.sub_(eps / vocab)
             dz[:, vocab:] = 0

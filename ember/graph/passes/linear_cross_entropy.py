@@ -160,8 +160,7 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
         fused = graph.call_function(torch.ops.ember.linear_cross_entropy.default, (
             rows, cast(weight, wv), None if bias is None else cast(bias, bv), target,
             a["ignore_index"], a["reduction"], float(a["label_smoothing"]),
-            chunk_rows_for(optimization_hint(lv.shape[1]), config.linear_cross_entropy_chunk_bytes),
-            _vocab_align(out), loss.dtype, *flags))
+            _chunk_rows(lv.shape[1], out), _vocab_align(out), loss.dtype, *flags))
         new_loss = graph.call_function(operator.getitem, (fused, 0))
     ce.replace_all_uses_with(new_loss)
     # the logits chain stays where something else reads it (the logits returned with the loss)
@@ -170,6 +169,11 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
             break
         graph.erase_node(n)
     return True
+
+
+def _chunk_rows(vocab, logits) -> int:
+    # a symbolic vocabulary's size as traced: the chunk size steers memory, never the result
+    return chunk_rows_for(optimization_hint(vocab), logits.element_size(), config.linear_cross_entropy_chunk_bytes)
 
 
 def _vocab_align(logits) -> int:
