@@ -35,9 +35,6 @@ from typing import Optional
 
 import torch
 
-_REDUCTIONS = ("mean", "sum")
-
-
 def chunk_rows_for(vocab: int, itemsize: int, chunk_bytes: int) -> int:
     """Rows per chunk so that a chunk's working set, its logits (itemsize bytes each) and their fp32
     log-probabilities, takes at most chunk_bytes (at least one row)."""
@@ -65,7 +62,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     for r in range(0, n, chunk_rows):
         xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
         logits = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
-        logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
+        if padded != vocab:
+            logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
         log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
         del logits
         lp_target = log_probs.gather(1, tc)
@@ -107,8 +105,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
 
 def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """A gradient accumulated in fp32 over the padded vocabulary: its first `vocab` rows, scaled, in dtype."""
-    grad = grad[:vocab]
-    return (grad * scale if scale is not None else grad).to(dtype)
+    if scale is not None:
+        grad.mul_(scale)
+    return grad[:vocab].to(dtype)
 
 
 @linear_cross_entropy.register_fake
