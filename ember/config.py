@@ -107,6 +107,11 @@ class Config:
     compile_profile: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_COMPILE_PROFILE", False))
     # No progress line on stderr while a long compile runs (it shows only on a terminal; runtime/progress.py).
     quiet: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_QUIET", False))
+    # Rewrite cross_entropy(linear(x, W, b), target) into ember::linear_cross_entropy, which computes the loss
+    # and its gradients in chunks of rows, never holding the whole logits (graph/passes/linear_cross_entropy.py);
+    # a chunk's logits and their fp32 log-probabilities take at most linear_cross_entropy_chunk_bytes.
+    fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", True))
+    linear_cross_entropy_chunk_bytes: int = 256 << 20
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)
     joint_passes: list = dataclasses.field(default_factory=list)
@@ -141,7 +146,8 @@ class Config:
 NOT_IN_PROGRAM = ("fallback_on_error", "debug", "debug_dir", "debug_sync", "wrapper", "fx_wrapper_class",
                   "compile_workers", "fast_launch", "static_launch", "direct_inference_call", "pre_grad_passes",
                   "joint_passes", "graph_cache", "cache_max_gb", "compile_profile", "quiet", "cudagraphs",
-                  "cudagraph_max_sizes", "report_steps", "report_warmup")
+                  "cudagraph_max_sizes", "report_steps", "report_warmup", "fused_linear_cross_entropy",
+                  "linear_cross_entropy_chunk_bytes")
 
 
 class _Patch(contextlib.ContextDecorator):

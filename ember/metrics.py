@@ -14,6 +14,7 @@ _COUNTS = {
     "attention_rewrites": "hand-written attentions rewritten to SDPA",
     "sdpa_mask_copies": "SDPA masks made contiguous so that a fused kernel accepts them",
     "sdpa_masks_dropped": "SDPA masks computed from constants that keep every key, dropped",
+    "linear_cross_entropy_rewrites": "cross-entropies of a linear rewritten to chunked linear cross-entropy",
     "cudagraph_records": "graphs recorded into a CUDA graph",
     "cudagraph_replays": "CUDA graph replays",
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
@@ -27,7 +28,7 @@ _COUNTS = {
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
-graph_cache_hits = graph_cache_misses = 0
+graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
 template_kernels = fused_epilogue_nodes = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback

@@ -1,0 +1,136 @@
+"""`ember::linear_cross_entropy`: cross-entropy of a linear layer's output, computed in chunks of rows so that
+the `[rows, vocab]` logits, their fp32 log-probabilities and their gradient exist only one chunk at a time
+(the approach of Liger-Kernel's fused linear cross-entropy). `graph/passes/linear_cross_entropy.py` rewrites
+`F.cross_entropy(F.linear(x, W, b) [.float()] [.view(-1, V)], target, ...)` into it.
+
+    linear_cross_entropy(x[N, H], weight[V, H], bias[V]?, target[N], ignore_index, reduction, label_smoothing,
+                         chunk_rows, vocab_align, out_dtype, grad_x, grad_weight, grad_bias)
+        -> (loss, dx[N, H], dweight[V, H], dbias[V])
+
+For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), their
+log-probabilities in fp32 (`log_softmax(..., dtype=float32)`: one kernel that reads 16-bit logits as they
+are), the chunk's loss, and the gradient of the loss w.r.t. the chunk's logits, softmax - (1 - eps) onehot -
+eps / V, written in x's dtype by one exp; it spends that gradient at once: dx[chunk] = dlogits @ W,
+dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. Ignored rows
+are zeroed in x's chunk for dW and db and in dx afterwards, and the reduction's scale (1 or 1 / rows kept)
+is applied once at the end, so the chunk's gradient needs no pass of its own for either.
+
+dx, dW and db are the gradients for an incoming gradient of 1: outputs of the op, which the autograd
+formula saves; the backward only scales them by the loss's incoming gradient. A flag that is False leaves
+that gradient out (an empty tensor); an inference graph passes all three False and only the loss is
+computed.
+
+`vocab_align` > 1 pads the vocabulary (W's rows, b) with zeros to a multiple of it, for GEMMs whose
+16-bit rows are aligned (cuBLAS runs misaligned leading dimensions several times slower: see
+post_grad.pad_matmuls); the padding's logits are set to -inf, so they take no share of the softmax and
+get no gradient. Semantics are F.cross_entropy's with class indices: `ignore_index` rows contribute
+nothing; "mean" divides by the number of rows not ignored (NaN when there are none, as eager); label
+smoothing eps mixes the one-hot target with eps / V per class. The loss is accumulated in fp32 and returned
+in `out_dtype` (the dtype the replaced cross-entropy returned). The code is device-agnostic ATen: CPU and
+CUDA run the same ops, and compiled graphs call the op as an extern.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+def chunk_rows_for(vocab: int, itemsize: int, chunk_bytes: int) -> int:
+    """Rows per chunk so that a chunk's working set, its logits (itemsize bytes each) and their fp32
+    log-probabilities, takes at most chunk_bytes (at least one row)."""
+    return max(1, chunk_bytes // max(1, vocab * (itemsize + 4)))
+
+
+@torch.library.custom_op("ember::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+                         ignore_index: int, reduction: str, label_smoothing: float, chunk_rows: int,
+                         vocab_align: int, out_dtype: torch.dtype, grad_x: bool, grad_weight: bool, grad_bias: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, vocab = x.shape[0], weight.shape[0]
+    eps = label_smoothing
+    padded = vocab + (-vocab % vocab_align if vocab_align > 1 else 0)
+    w = torch.nn.functional.pad(weight, (0, 0, 0, padded - vocab)) if padded != vocab else weight
+    b = torch.nn.functional.pad(bias, (0, padded - vocab)) if bias is not None and padded != vocab else bias
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, 0).unsqueeze(1)
+    keep = valid.to(x.dtype).unsqueeze(1)           # 1 on rows that count, 0 on ignored rows
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    dx = torch.empty_like(x) if grad_x else x.new_empty(0)
+    dweight = torch.zeros((padded, weight.shape[1]), dtype=torch.float32, device=weight.device) if grad_weight else None
+    dbias = torch.zeros(padded, dtype=torch.float32, device=weight.device) if grad_bias else None
+    wants_grads = grad_x or grad_weight or grad_bias
+    for r in range(0, n, chunk_rows):
+        xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
+        logits = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
+        if padded != vocab:
+            logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
+        log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
+        del logits
+        lp_target = log_probs.gather(1, tc)
+        rows = -lp_target
+        if eps:
+            rows = (1 - eps) * rows - (eps / vocab) * log_probs[:, :vocab].sum(1, keepdim=True)
+        total += (rows * kc).sum()
+        if not wants_grads:
+            continue
+        # dloss/dlogits of each row, unscaled: softmax - (1 - eps) onehot - eps / V, in x's dtype; the
+        # target's column is written from fp32 so that it is rounded once
+        if x.dtype == torch.float32:
+            dz = log_probs.exp_()
+        else:
+            dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=x.dtype, device=x.device))
+        if eps:
+            dz.sub_(eps / vocab)
+            dz[:, vocab:] = 0
+        dz.scatter_(1, tc, (lp_target.exp() - (1 - eps) - eps / vocab).to(x.dtype))
+        del log_probs
+        # ignored rows contribute nothing: their rows of x are zeroed for dW and db, their rows of dx after
+        if grad_x:
+            torch.mm(dz, w, out=dx[r:r + chunk_rows]).mul_(kc)
+        if grad_weight and dz.dtype == dweight.dtype:
+            dweight.addmm_(dz.t(), xc * kc)
+        elif grad_weight:
+            dweight += torch.mm(dz.t(), xc * kc)
+        if grad_bias:
+            dbias += torch.mv(dz.t(), kc.squeeze(1))
+    # the reduction's scale, applied once: 1 (sum) or 1 / rows that count (mean)
+    scale = 1.0 / valid.sum().to(torch.float32) if reduction == "mean" else None
+    if scale is not None:
+        total = total * scale
+    return (total.to(out_dtype),
+            dx.mul_(scale) if grad_x and scale is not None else dx,
+            _finish(dweight, vocab, scale, weight.dtype) if grad_weight else weight.new_empty(0),
+            _finish(dbias, vocab, scale, weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """A gradient accumulated in fp32 over the padded vocabulary: its first `vocab` rows, scaled, in dtype."""
+    if scale is not None:
+        grad.mul_(scale)
+    return grad[:vocab].to(dtype)
+
+
+@linear_cross_entropy.register_fake
+def _fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_rows, vocab_align, out_dtype,
+          grad_x, grad_weight, grad_bias):
+    return (x.new_empty((), dtype=out_dtype), torch.empty_like(x) if grad_x else x.new_empty(0),
+            torch.empty_like(weight) if grad_weight else weight.new_empty(0),
+            torch.empty_like(bias) if grad_bias else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    _, dx, dweight, dbias = output
+    ctx.mark_non_differentiable(dx, dweight, dbias)
+    ctx.save_for_backward(dx, dweight, dbias)
+    ctx.grads = inputs[10:13]
+
+
+def _backward(ctx, grad_loss, *_unused):
+    dx, dweight, dbias = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = ctx.grads
+    g = grad_loss.to(torch.float32)
+    return (dx * g if grad_x else None, dweight * g if grad_weight else None, dbias * g if grad_bias else None,
+            None, None, None, None, None, None, None, None, None, None)
+
+
+linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,184 @@
+"""Pre-grad pass: `F.cross_entropy(F.linear(x, W, b) ..., target)` -> `ember::linear_cross_entropy`, which
+computes the loss and its gradients in chunks of rows, so that the `[rows, vocab]` logits, their fp32 copy,
+their softmax and their gradient are never whole in memory (graph/linear_cross_entropy_op.py).
+
+Why before AOTAutograd, on Dynamo's torch-level graph: there the head is still four recognizable calls
+(`linear`, `.float()`, `.view(-1, V)`, `cross_entropy`), where the ATen joint graph has them decomposed
+into a matmul, casts, `log_softmax`/`nll_loss` (or their decompositions) and a backward scattered over the
+graph; and an op with its own autograd formula, traced by AOTAutograd, gives one extern call in the forward
+and three multiplications in the backward, with only `dx`, `dW`, `db` saved between them.
+
+What is matched, walking up from each `cross_entropy(input, target, ...)`:
+  - `input` reaches a `linear(x, W, b)` through, in this order, row slices of the leading dims
+    (`logits[..., :-1, :]`, applied to x too), casts to fp32 (`.float()`, `.to(torch.float32)`),
+    `.contiguous()`, and views or reshapes that keep the last dim V (`.view(-1, V)`): so the rows of
+    cross_entropy's `[N, V]` input are the rows of `x.reshape(-1, H)` in order;
+  - class-index targets (an integer tensor), no class weights, reduction "mean" or "sum", any
+    `ignore_index` and label smoothing; the legacy size_average / reduce arguments leave it alone.
+The linear's output dtype (bf16 under autocast) is the dtype the op multiplies in: x, W and b are cast to
+it first, as autocast would. The loss keeps cross_entropy's result dtype. The gradient flags come from
+`requires_grad` of the traced values (Dynamo guards on grad mode and on each input's requires_grad): an
+inference graph computes the loss alone.
+
+Where the logits are also read elsewhere (a model that returns them with the loss), the linear stays for
+those readers and the loss does not read it. AOTAutograd still hands the backward a materialized zero
+gradient for such an output when the program does not use it, and the backward multiplies it through the
+linear's backward; that cost is the linear's, not the loss's.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Optional
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
+
+from ... import config, metrics
+from ...device import backend_for
+from ..linear_cross_entropy_op import chunk_rows_for
+
+_LINEARS = (torch._C._nn.linear, F.linear)
+_CE_SIGNATURE = inspect.signature(F.cross_entropy)
+_LINEAR_SIGNATURE = inspect.signature(lambda input, weight, bias=None: None)
+_VIEW_METHODS = ("view", "reshape")
+
+
+def fuse_linear_cross_entropy(gm: torch.fx.GraphModule) -> None:
+    if not config.fused_linear_cross_entropy:
+        return
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is F.cross_entropy:
+            if _rewrite(gm.graph, node):
+                metrics.linear_cross_entropy_rewrites += 1
+
+
+def _val(n):
+    return n.meta.get("example_value", n.meta.get("val")) if isinstance(n, torch.fx.Node) else None
+
+
+def _bind(signature, node: torch.fx.Node) -> Optional[dict]:
+    try:
+        bound = signature.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _is_float32_cast(n: torch.fx.Node) -> bool:
+    if n.op != "call_method":
+        return False
+    if n.target == "float":
+        return len(n.args) == 1 and not n.kwargs
+    if n.target == "to":
+        rest = list(n.args[1:]) + list(n.kwargs.values())
+        return rest == [torch.float32] or (len(n.args) == 1 and list(n.kwargs) == ["dtype"]
+                                           and n.kwargs["dtype"] is torch.float32)
+    return False
+
+
+def _is_row_slice(n: torch.fx.Node, ndim: int) -> bool:
+    """`t[..., a:b, :]`-like indexing of the leading dims only, keeping the last dim whole."""
+    if n.op != "call_function" or n.target is not operator.getitem or not isinstance(n.args[1], tuple):
+        return False
+    index = n.args[1]
+    whole = slice(None, None, None)
+    if not index or index[-1] != whole or len([i for i in index if i is not Ellipsis]) > ndim:
+        return False
+    return all(i is Ellipsis or (isinstance(i, slice) and all(isinstance(p, (int, type(None)))
+                                                              for p in (i.start, i.stop, i.step)))
+               for i in index)
+
+
+def _chain(start: torch.fx.Node, vocab: int):
+    """Walk up from cross_entropy's input to the linear: (the nodes walked, the linear last; the row slices,
+    in order), or None."""
+    walked, slices, n = [], [], start
+    while True:
+        v = _val(n)
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or not statically_known_true(v.shape[-1] == vocab):
+            return None
+        walked.append(n)
+        if n.op == "call_function" and n.target in _LINEARS:
+            return walked, slices[::-1]
+        if _is_float32_cast(n) or (n.op == "call_method" and n.target == "contiguous" and len(n.args) == 1):
+            pass
+        elif n.op == "call_method" and n.target in _VIEW_METHODS:
+            if slices:          # a row slice after a view indexes the regrouped rows, not x's
+                return None
+        elif _is_row_slice(n, v.dim()):
+            slices.append(n.args[1])
+        else:
+            return None
+        if not n.args or not isinstance(n.args[0], torch.fx.Node):
+            return None
+        n = n.args[0]
+
+
+def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
+    a = _bind(_CE_SIGNATURE, ce)
+    if a is None or a["weight"] is not None or a["size_average"] is not None or a["reduce"] is not None:
+        return False
+    if a["reduction"] not in ("mean", "sum") or not isinstance(a["ignore_index"], int):
+        return False
+    if not isinstance(a["label_smoothing"], (int, float)):
+        return False
+    logits, target, loss = a["input"], a["target"], _val(ce)
+    lv, tv = _val(logits), _val(target)
+    if not (isinstance(lv, torch.Tensor) and isinstance(tv, torch.Tensor) and isinstance(loss, torch.Tensor)):
+        return False
+    if lv.dim() != 2 or tv.dim() != 1 or tv.dtype not in (torch.int64, torch.int32):
+        return False
+    found = _chain(logits, lv.shape[1])
+    if found is None:
+        return False
+    walked, slices = found
+    linear = walked[-1]
+    la = _bind(_LINEAR_SIGNATURE, linear)
+    if la is None:
+        return False
+    x, weight, bias = la["input"], la["weight"], la["bias"]
+    xv, wv, bv, out = _val(x), _val(weight), _val(bias), _val(linear)
+    if not all(isinstance(t, torch.Tensor) for t in (xv, wv, out)) or xv.dim() < 2 or wv.dim() != 2:
+        return False
+    if not out.dtype.is_floating_point or out.dtype == torch.float64:
+        return False
+    if bias is not None and not isinstance(bv, torch.Tensor):
+        return False
+    flags = [out.requires_grad and t is not None and t.requires_grad for t in (xv, wv, bv)]
+    compute = out.dtype
+    with graph.inserting_before(ce):
+        def cast(n, v):
+            return n if v.dtype == compute else graph.call_method("to", (n, compute))
+        rows = x
+        for index in slices:
+            rows = graph.call_function(operator.getitem, (rows, index))
+        rows = graph.call_function(torch.flatten, (cast(rows, xv), 0, -2)) if xv.dim() > 2 else cast(rows, xv)
+        fused = graph.call_function(torch.ops.ember.linear_cross_entropy.default, (
+            rows, cast(weight, wv), None if bias is None else cast(bias, bv), target,
+            a["ignore_index"], a["reduction"], float(a["label_smoothing"]),
+            _chunk_rows(lv.shape[1], out), _vocab_align(out), loss.dtype, *flags))
+        new_loss = graph.call_function(operator.getitem, (fused, 0))
+    ce.replace_all_uses_with(new_loss)
+    # the logits chain stays where something else reads it (the logits returned with the loss)
+    for n in [ce] + walked:
+        if n.users:
+            break
+        graph.erase_node(n)
+    return True
+
+
+def _chunk_rows(vocab, logits) -> int:
+    # a symbolic vocabulary's size as traced: the chunk size steers memory, never the result
+    return chunk_rows_for(optimization_hint(vocab), logits.element_size(), config.linear_cross_entropy_chunk_bytes)
+
+
+def _vocab_align(logits) -> int:
+    """The multiple to pad the vocabulary to: the device's matmul alignment for 16-bit GEMMs (float32 ones
+    are never padded, as in post_grad.pad_matmuls)."""
+    if logits.dtype not in (torch.float16, torch.bfloat16):
+        return 1
+    return max(1, backend_for(logits.device).matmul_alignment // logits.element_size())
