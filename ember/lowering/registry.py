@@ -41,5 +41,5 @@ def get_lowering(target):
 
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
-    from . import (concat, creation, fallback, indexing, mutation, pointwise, pooling, random,  # noqa: F401
-                   reductions, scan, scatter, upsample, views)
+    from . import (collectives, concat, creation, fallback, indexing, mutation, pointwise, pooling,  # noqa: F401
+                   random, reductions, scan, scatter, upsample, views)
