@@ -1,21 +1,27 @@
 """Overlap communication with compute: within one graph, issue each collective as early as its inputs
-allow and wait for it as late as its first reader allows, so the kernels in between run while the
-collective is in flight.
+allow and wait for it as late as its readers allow, so that kernels run while the collective is in flight.
 
-The pass moves groups within the fused groups' execution order and never breaks a dependency: a
-collective goes right after the last group it depends on, a wait right before the first group that depends
-on it (or last, when only the graph's output reads it). Collectives keep their order relative to each
-other: every rank runs the same graph through the same pass, so every rank issues the same collectives in
-the same order, which the communication library requires. The decisions depend on the graph alone (never
-on timings or on the rank). Waits may complete in any order.
+The fused groups are put in a new topological order (every dependency kept) by list scheduling: of the
+groups whose dependencies have run, the next is
+  1. a collective (issued as soon as it is ready);
+  2. else a group a collective still to be issued depends on (its inputs are computed first, ahead of
+     work no collective waits for);
+  3. else any other group but a wait;
+  4. else a wait: only when nothing else can run, that is right before the first group that reads it;
+each class in the graph's order. Collectives keep their order relative to each other: every rank runs the
+same graph through the same pass, so every rank issues the same collectives in the same order, which the
+communication library requires. The decisions depend on the graph alone (never on timings or the rank).
 
-Moving a collective earlier keeps its output allocated longer, and moving a wait later keeps the
-collective's inputs (which the wait reads: ir/collectives.py) alive longer; no memory budget bounds that
-yet.
+Issuing early keeps a collective's output allocated longer, and waiting late keeps its inputs (which the
+wait reads: ir/collectives.py) alive longer; no memory budget bounds that yet.
 """
 from __future__ import annotations
 
+import heapq
+
 from ..ir.collectives import CollectiveKernel, WaitKernel
+
+ISSUE, FEEDS_ISSUE, OTHER, WAIT = range(4)
 
 
 def _only(group, kind) -> bool:
@@ -24,26 +30,44 @@ def _only(group, kind) -> bool:
 
 def overlap_collectives(groups: list) -> list:
     """`groups` (fused groups in a valid execution order) reordered: collectives early, waits late."""
-    issues = [g for g in groups if _only(g, CollectiveKernel)]
-    waits = [g for g in groups if _only(g, WaitKernel)]
-    if not issues and not waits:
+    if not any(_only(g, (CollectiveKernel, WaitKernel)) for g in groups):
         return groups
+    issues = [g for g in groups if _only(g, CollectiveKernel)]
     group_of = {n: g for g in groups for n in g.nodes}
     preds = {g: {group_of[d] for n in g.nodes for d in n.deps if group_of.get(d) not in (None, g)} for g in groups}
-    order = list(groups)
-
-    previous = None
-    for g in issues:
-        order.remove(g)
-        at = max((order.index(p) + 1 for p in preds[g] | ({previous} if previous else set())), default=0)
-        order.insert(at, g)
-        previous = g
-
+    for earlier, later in zip(issues, issues[1:]):      # the collectives' own order
+        preds[later].add(earlier)
     users: dict = {g: set() for g in groups}
     for g, ps in preds.items():
         for p in ps:
             users[p].add(g)
-    for g in reversed(waits):
-        order.remove(g)
-        order.insert(min((order.index(u) for u in users[g]), default=len(order)), g)
+
+    feeds = set()                 # groups some collective depends on
+    stack = [p for g in issues for p in preds[g]]
+    while stack:
+        g = stack.pop()
+        if g not in feeds:
+            feeds.add(g)
+            stack.extend(preds[g])
+
+    def priority(g) -> int:
+        if _only(g, CollectiveKernel):
+            return ISSUE
+        if _only(g, WaitKernel):
+            return WAIT
+        return FEEDS_ISSUE if g in feeds else OTHER
+
+    position = {g: i for i, g in enumerate(groups)}
+    waiting = {g: len(preds[g]) for g in groups}
+    ready = [(priority(g), position[g], g) for g in groups if waiting[g] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, g = heapq.heappop(ready)
+        order.append(g)
+        for u in users[g]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (priority(u), position[u], u))
+    assert len(order) == len(groups), "overlap_collectives: the groups' dependencies have a cycle"
     return order

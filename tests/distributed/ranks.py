@@ -91,8 +91,8 @@ def funcol(rank, world):
 
     def f(x, y):
         a = fc.all_reduce(x * 2, "sum", group)
-        b = fc.all_gather_tensor(y + 1, 0, group)
-        c = fc.reduce_scatter_tensor(x.relu(), "sum", 0, group)
+        b = fc.all_gather_single(y + 1, 0, group)
+        c = fc.reduce_scatter_single(x.relu(), "sum", 0, group)
         d = fc.all_to_all_single(y * 3, None, None, group)
         return a.sin() + 1, b * 2, c - 1, d.exp() + a.sum()
 
@@ -114,6 +114,36 @@ def tensor_parallel(rank, world):
     eager = parallelize_module(copy.deepcopy(base), mesh, plan)
     compiled = torch.compile(parallelize_module(copy.deepcopy(base), mesh, plan), backend="ember")
     return _compare_training(eager, compiled, _batches(rank, same_on_every_rank=True))
+
+
+class NormMLP(nn.Module):
+    """A pre-norm residual MLP, for sequence parallelism: the norm runs on each rank's part of the
+    sequence, the MLP gathers the sequence and reduce-scatters its output back."""
+    def __init__(self, d=16):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = MLP(d)
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def sequence_parallel(rank, world):
+    """SequenceParallel on a LayerNorm, then colwise / rowwise: all-gather and reduce-scatter in the graphs."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    base = NormMLP()
+    plan = {"norm": SequenceParallel(), "mlp.fc1": ColwiseParallel(input_layouts=Shard(1)),
+            "mlp.fc2": RowwiseParallel(output_layouts=Shard(1))}
+    eager = parallelize_module(copy.deepcopy(base), mesh, plan)
+    compiled = torch.compile(parallelize_module(copy.deepcopy(base), mesh, plan), backend="ember")
+    g = torch.Generator().manual_seed(100 + rank)       # each rank holds its part of the sequence
+    batches = [(torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)) for _ in range(STEPS)]
+    return _compare_training(eager, compiled, batches)
 
 
 def ddp(rank, world):
@@ -148,7 +178,7 @@ def fsdp(rank, world):
             "params": per_block["params"] + whole["params"]}
 
 
-SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, ddp, fsdp)}
+SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, sequence_parallel, ddp, fsdp)}
 
 
 def main(scenarios, rank, world, store, out):

@@ -46,8 +46,8 @@ def _collectives(x, y):
     import torch.distributed._functional_collectives as fc
     group = dist.group.WORLD
     a = fc.all_reduce(x * 2, "sum", group)
-    b = fc.all_gather_tensor(y + 1, 0, group)
-    c = fc.reduce_scatter_tensor(x.relu(), "sum", 0, group)
+    b = fc.all_gather_single(y + 1, 0, group)
+    c = fc.reduce_scatter_single(x.relu(), "sum", 0, group)
     d = fc.all_to_all_single(y * 3, None, None, group)
     return a.sin() + 1, b * 2, c - 1, d.exp() + a.sum()
 
@@ -74,6 +74,9 @@ def test_issue_and_wait_lines_keep_memory_until_the_wait(programs):
     waits = [ln for ln in lines if isinstance(ln, CallExtern) and ln.collective and ln.collective.kind == "wait"]
     assert len(issues) == 4 and len(waits) == 4
     assert all(ln.collective.group == _group() for ln in issues)
+    # issued in the program's order on every rank
+    assert [ln.op for ln in issues] == [c10d.all_reduce.default, c10d.all_gather_into_tensor.default,
+                                        c10d.reduce_scatter_tensor.default, c10d.all_to_all_single.default]
     for issue in issues:
         (wait,) = [w for w in waits if w.collective.issued_by == issue.name]
         # `x = wait_tensor(x)`: the wait returns the tensor it waits on
@@ -88,27 +91,34 @@ def test_issue_and_wait_lines_keep_memory_until_the_wait(programs):
 
 
 def _independent_work(x, y):
-    import torch.distributed._functional_collectives as fc
-    x2 = x * 2
-    a = fc.wait_tensor(c10d.all_reduce(x2, "sum", _group()))
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
     d = torch.mm(y, y).sin()
     return a + 1, d
 
 
+def _independent_work_first(x, y):
+    d = torch.mm(y, y).sin()
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
+    return a + 1, d
+
+
 @pytest.mark.parametrize("overlap", [True, False])
-def test_overlap_issues_early_and_waits_late(programs, overlap):
+@pytest.mark.parametrize("fn", [_independent_work, _independent_work_first])
+def test_overlap_issues_early_and_waits_late(programs, fn, overlap):
     x, y = torch.randn(4, 8), torch.randn(16, 16)
-    expected = _independent_work(x, y)
+    expected = fn(x, y)
     with ember.config.patch(overlap_collectives=overlap):
-        assert_close(torch.compile(_independent_work, backend="ember")(x, y), expected)
+        assert_close(torch.compile(fn, backend="ember")(x, y), expected)
     lines = programs[0].lines
     issue = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == c10d.all_reduce.default)
     wait = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == c10d.wait_tensor.default)
     mm = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == torch.ops.aten.mm.default)
-    if overlap:
+    if overlap:     # the collective's input is computed first, the product while the collective runs
         assert issue < mm < wait
+    elif fn is _independent_work:       # as traced
+        assert issue < wait < mm
     else:
-        assert issue < wait < mm      # as traced: waited at once
+        assert mm < issue < wait
 
 
 def test_fx_wrapper_carries_the_collectives(programs):

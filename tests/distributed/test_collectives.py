@@ -1,30 +1,18 @@
 """Collectives inside ember's graphs, on 2 CPU ranks with gloo: functional collectives called in a
-compiled function, and tensor parallelism (DTensor traces its collectives into the graphs). Each runs
-as ember wrapper calls, not ATen fallbacks, and gives eager's values on every rank."""
+compiled function, and tensor parallelism, colwise / rowwise and sequence parallel (DTensor traces its
+collectives into the graphs). Each runs as ember wrapper calls, not ATen fallbacks, and gives eager's
+values on every rank."""
 import pytest
 
-from spawn_ranks import check_ran, requires_gloo, run_ranks
+from spawn_ranks import check_compiled, requires_gloo, results_fixture
 
 pytestmark = requires_gloo
-
-SCENARIOS = ["funcol", "tensor_parallel"]
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return run_ranks(SCENARIOS, tmp_path_factory.mktemp("collectives"))
-
-
-def _compiled_without_fallbacks(results):
-    check_ran(results)
-    for r in results:
-        assert r["eager_fallbacks"] == 0 and r["graphs"] > 0, r
-        assert not [op for op in r["fallbacks"] if "c10d" in op], r["fallbacks"]
+results = results_fixture(["funcol", "tensor_parallel", "sequence_parallel"])
 
 
 def test_functional_collectives_in_a_compiled_function(results):
     ranks = results["funcol"]
-    _compiled_without_fallbacks(ranks)
+    check_compiled(ranks)
     for r in ranks:
         assert r["diff"] < 1e-5, r
         names = " ".join(r["collectives"])
@@ -35,8 +23,19 @@ def test_functional_collectives_in_a_compiled_function(results):
 
 def test_tensor_parallel_mlp_trains_as_eager(results):
     ranks = results["tensor_parallel"]
-    _compiled_without_fallbacks(ranks)
+    check_compiled(ranks)
     for r in ranks:
         assert r["loss_diff"] < 1e-5 and r["param_diff"] < 1e-5, r
         assert any("all_reduce" in op for op in r["collectives"]), r["collectives"]
     assert ranks[0]["losses"] == pytest.approx(ranks[1]["losses"], rel=1e-6)
+
+
+def test_sequence_parallel_trains_as_eager(results):
+    ranks = results["sequence_parallel"]
+    check_compiled(ranks)
+    for r in ranks:
+        assert r["loss_diff"] < 1e-5 and r["param_diff"] < 1e-5, r
+        names = " ".join(r["collectives"])
+        assert "all_gather_into_tensor" in names and "reduce_scatter_tensor" in names, r["collectives"]
+    # each rank holds its part of the sequence: its own losses, the same (replicated) parameters
+    assert ranks[0]["params"] == pytest.approx(ranks[1]["params"], rel=1e-6)
