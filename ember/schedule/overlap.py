@@ -17,9 +17,8 @@ wait reads: ir/collectives.py) alive longer; no memory budget bounds that yet.
 """
 from __future__ import annotations
 
-import heapq
-
 from ..ir.collectives import CollectiveKernel, WaitKernel
+from .fusion import list_schedule
 
 ISSUE, FEEDS_ISSUE, OTHER, WAIT = range(4)
 
@@ -58,16 +57,6 @@ def overlap_collectives(groups: list) -> list:
         return FEEDS_ISSUE if g in feeds else OTHER
 
     position = {g: i for i, g in enumerate(groups)}
-    waiting = {g: len(preds[g]) for g in groups}
-    ready = [(priority(g), position[g], g) for g in groups if waiting[g] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, _, g = heapq.heappop(ready)
-        order.append(g)
-        for u in users[g]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, (priority(u), position[u], u))
+    order = list_schedule(groups, users, lambda g: (priority(g), position[g]))
     assert len(order) == len(groups), "overlap_collectives: the groups' dependencies have a cycle"
     return order
