@@ -204,7 +204,8 @@ class ProgramBuilder:
         if self.origins is not None and call.collective is None:
             call.check = self.origins.extern_check(call, buf)
         if self.profile_prefix is not None:
-            call.profile = self._profiled(call, extern_bytes(self.g, buf))
+            # a wait moves no bytes: it returns once the collective has
+            call.profile = self._profiled(call, (0, 0) if isinstance(buf, WaitKernel) else extern_bytes(self.g, buf))
         self.lines.append(call)
         # the views made for this call's arguments serve it alone: dropped now, they stop holding their
         # base's memory alive after the base itself is freed

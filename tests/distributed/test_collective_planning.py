@@ -148,3 +148,16 @@ def test_in_place_collective_returns_the_buffer_it_writes():
     assert_close(compiled([x, w.clone()]), expected)
     assert ember.metrics.collectives[str(c10d.all_reduce_.default)] == 1
     assert not [op for op in ember.metrics.fallbacks if "c10d" in op], ember.metrics.fallbacks
+
+
+def test_a_graph_with_collectives_is_loaded_from_the_graph_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _independent_work(x, y)
+    with ember.config.patch(graph_cache=True):
+        for _ in range(2):
+            torch._dynamo.reset()
+            assert_close(torch.compile(_independent_work, backend="ember")(x, y), expected)
+    assert ember.metrics.graph_cache_misses == 1 and ember.metrics.graph_cache_hits == 1
+    # a hit counts the collectives the compile it replaces counted
+    assert ember.metrics.collectives[str(c10d.all_reduce.default)] == 2
