@@ -7,6 +7,7 @@ Each scenario returns the largest difference between ember's values and eager's 
 parameters after the steps), and the rank adds ember's metrics."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -73,9 +74,10 @@ def _batches(rank, d=16, out=16, n=8, same_on_every_rank=False):
     return [(torch.randn(n, d, generator=g), torch.randn(n, out, generator=g)) for _ in range(STEPS)]
 
 
-def _compare_training(eager_model, ember_model, batches) -> dict:
+def _compare_training(eager_model, ember_model, batches, ember_context=contextlib.nullcontext) -> dict:
     eager_losses = _train(eager_model, STEPS, batches)
-    ember_losses = _train(ember_model, STEPS, batches)
+    with ember_context():
+        ember_losses = _train(ember_model, STEPS, batches)
     pairs = [(_local(p), _local(q)) for p, q in zip(eager_model.parameters(), ember_model.parameters())]
     return {"loss_diff": max(_diff(a, b) for a, b in zip(eager_losses, ember_losses)),
             "param_diff": max(_diff(p, q) for p, q in pairs), "losses": [float(l) for l in ember_losses],
@@ -156,6 +158,24 @@ def ddp(rank, world):
     return _compare_training(eager, compiled, _batches(rank))
 
 
+def ddp_compiled_autograd(rank, world):
+    """DDP's python reducer under compiled autograd: the gradients' all-reduces inside ember's backward
+    graph, overlapped with the rest of the backward."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    base = MLP()
+    eager = DDP(copy.deepcopy(base))
+    with torch._dynamo.config.patch(optimize_ddp="python_reducer"):     # read as DDP is built and run
+        compiled = torch.compile(DDP(copy.deepcopy(base)), backend="ember")
+
+    @contextlib.contextmanager
+    def compiled_autograd():
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer"), \
+                torch._dynamo.compiled_autograd._enable(torch.compile(backend="ember")):
+            yield
+    return _compare_training(eager, compiled, _batches(rank), compiled_autograd)
+
+
 def fsdp(rank, world):
     """FSDP2: fully_shard per block and on the root; compiled per block, and as a whole."""
     from torch.distributed.fsdp import fully_shard
@@ -178,7 +198,7 @@ def fsdp(rank, world):
             "params": per_block["params"] + whole["params"]}
 
 
-SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, sequence_parallel, ddp, fsdp)}
+SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, sequence_parallel, ddp, ddp_compiled_autograd, fsdp)}
 
 
 def main(scenarios, rank, world, store, out):

@@ -1,12 +1,12 @@
 """Data parallelism with ember, on 2 CPU ranks with gloo: DDP (its bucketed all-reduces run between
-ember's graphs) and FSDP2 (`fully_shard` per block and on the root; its hooks gather and reduce-scatter
+ember's graphs; with compiled autograd and DDP's python reducer, inside ember's backward graph) and FSDP2 (`fully_shard` per block and on the root; its hooks gather and reduce-scatter
 around ember's graphs), compiled per block and whole. Losses and parameters after the steps equal eager's."""
 import pytest
 
 from spawn_ranks import check_compiled, requires_gloo, results_fixture
 
 pytestmark = requires_gloo
-results = results_fixture(["ddp", "fsdp"])
+results = results_fixture(["ddp", "ddp_compiled_autograd", "fsdp"])
 
 
 def _check(ranks):
@@ -21,6 +21,13 @@ def _check(ranks):
 
 def test_ddp_mlp_trains_as_eager(results):
     _check(results["ddp"])
+
+
+def test_ddp_under_compiled_autograd_all_reduces_in_ember_graphs(results):
+    ranks = results["ddp_compiled_autograd"]
+    _check(ranks)
+    for r in ranks:
+        assert r["collectives"].get("_c10d_functional.all_reduce.default", 0) > 0, r["collectives"]
 
 
 def test_fsdp2_blocks_train_as_eager(results):
