@@ -8,6 +8,7 @@ from typing import Optional
 
 import sympy
 import torch
+from torch._library.fake_class_registry import FakeScriptObject
 
 from .. import config, metrics
 from ..ir.collectives import CollectiveKernel, WaitKernel, issuing_collective
@@ -177,7 +178,17 @@ class ProgramBuilder:
             return {k: self._arg(v) for k, v in a.items()}
         if isinstance(a, torch.SymInt):
             return sympify(a)
+        if isinstance(a, FakeScriptObject):
+            return self._opaque_input(a)
         return a
+
+    def _opaque_input(self, fake) -> Name:
+        """A graph input that is an opaque object (DTensor's traced graphs take some), by its input's name:
+        the lowering holds the object traced (a fake), the wrapper must pass on the one it is called with."""
+        name = next((n for n, v in self.g.graph_inputs.items() if v is fake), None)
+        if name is None:
+            raise NotImplementedError(f"an opaque object that is not a graph input: {fake!r}")
+        return Name(name)
 
     def _extern(self, buf):
         if isinstance(buf, MultiOutput):
@@ -242,7 +253,7 @@ class ProgramBuilder:
         return view.layout.offset - (base.offset if base is not None else 0)
 
     def _output_value(self, o):
-        if isinstance(o, (ReinterpretView, Buffer)):
+        if isinstance(o, (ReinterpretView, Buffer, FakeScriptObject)):
             return self._arg(o)
         return o
 
