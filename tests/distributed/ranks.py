@@ -1,4 +1,4 @@
-"""One rank of a multi-process test (tests/distributed/launch.py starts one process per rank):
+"""One rank of a multi-process test (tests/distributed/spawn_ranks.py starts one process per rank):
 `python ranks.py SCENARIOS RANK WORLD STORE OUT` joins a gloo group through the file store STORE, runs
 each of SCENARIOS (comma-separated) with ember and eagerly, and writes what the tests check to OUT (JSON:
 scenario -> result). One process runs several scenarios: starting one costs more than most scenarios.
