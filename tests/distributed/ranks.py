@@ -46,6 +46,19 @@ class Blocks(nn.Module):
         return self.head(x)
 
 
+class Wide(nn.Module):
+    """Layers of 1 MB: DDP's smallest buckets hold one each."""
+    def __init__(self, d=16, width=512):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d, width), nn.Linear(width, width), nn.Linear(width, width)])
+        self.out = nn.Linear(width, d)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.out(x)
+
+
 def _diff(a, b) -> float:
     """The largest difference of a from b, relative to b's magnitude where that is above 1."""
     a, b = a.detach().double(), b.detach().double()
@@ -149,12 +162,14 @@ def sequence_parallel(rank, world):
 
 
 def ddp(rank, world):
-    """DistributedDataParallel around an ember-compiled MLP."""
+    """DistributedDataParallel around an ember-compiled MLP, with buckets small enough that Dynamo splits
+    the graph at their boundaries (each bucket's all-reduce starts as its part of the backward ends)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
-    base = MLP()
-    eager = DDP(copy.deepcopy(base))
-    compiled = torch.compile(DDP(copy.deepcopy(base)), backend="ember")
+    # two 512 x 512 weights of 1 MB each: with 1 MB buckets (DDP's first bucket holds 1 MB), three buckets
+    base = Wide()
+    eager = DDP(copy.deepcopy(base), bucket_cap_mb=1)
+    compiled = torch.compile(DDP(copy.deepcopy(base), bucket_cap_mb=1), backend="ember")
     return _compare_training(eager, compiled, _batches(rank))
 
 
