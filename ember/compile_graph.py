@@ -40,6 +40,7 @@ from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraph_partition import compile_partitioned
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .schedule.fusion import Fusion, build_nodes
+from .schedule.overlap import overlap_collectives
 from .lowering.registry import load_all
 from .report import collect_graph, recorder as report_recorder
 
@@ -214,6 +215,8 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
         with profile.stage("scheduling/fusion"):
             nodes = build_nodes(lowering.buffers)
             groups = Fusion(nodes, _nbytes(lowering)).run()
+            if config.overlap_collectives:
+                groups = overlap_collectives(groups)
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
         with profile.stage("code generation"):

@@ -96,6 +96,9 @@ class Config:
     # Call an inference graph without AOTAutograd's runtime wrapper when that wrapper has nothing to do
     # (runtime/direct_call.py): a third less host time per call of a small graph.
     direct_inference_call: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_DIRECT_CALL", True))
+    # Issue each collective as early as its inputs allow and wait for it just before its first reader, so
+    # that compute overlaps communication (schedule/overlap.py).
+    overlap_collectives: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_OVERLAP_COLLECTIVES", True))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Keep compiled graphs on disk (runtime/graph_cache.py) and reuse them in later processes: a graph

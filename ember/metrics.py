@@ -32,11 +32,12 @@ graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
 template_kernels = fused_epilogue_nodes = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
+collectives: collections.Counter = collections.Counter()  # collective op name -> calls and waits compiled
 compile_stage_seconds: collections.Counter = collections.Counter()   # ... per stage (runtime/compile_profile.py)
 
 # What the pipeline (lowering to code generation) counts: a graph cache hit adds what the compile it
 # replaces added.
-PIPELINE_COUNTERS = ("fallbacks", "buffers_allocated", "in_place_buffers", "attention_rewrites")
+PIPELINE_COUNTERS = ("fallbacks", "collectives", "buffers_allocated", "in_place_buffers", "attention_rewrites")
 
 
 def reset() -> None:
@@ -45,11 +46,12 @@ def reset() -> None:
         globals()[name] = 0
     compile_seconds = 0.0
     fallbacks.clear()
+    collectives.clear()
     compile_stage_seconds.clear()
 
 
 def summary() -> dict:
     out = {name: globals()[name] for name in _COUNTS}
-    out.update(fallbacks=dict(fallbacks), compile_seconds=compile_seconds,
+    out.update(fallbacks=dict(fallbacks), collectives=dict(collectives), compile_seconds=compile_seconds,
                compile_stage_seconds=dict(compile_stage_seconds))
     return out

@@ -153,3 +153,25 @@ def test_higher_order_rng_ops_pass_through():
     (out,) = fn([x.clone()])
     torch.testing.assert_close(out, x * 2)
     assert ember.metrics.eager_fallbacks == 0
+
+
+def test_an_opaque_graph_input_is_passed_on_as_called():
+    """DTensor's traced graphs take opaque objects (traced as FakeScriptObjects) and return some for the
+    backward: the wrapper passes on the object it is called with, not the one traced."""
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g = torch.fx.Graph()
+    x, obj = g.placeholder("x"), g.placeholder("obj")
+    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
+    g.output((y, obj))
+    gm = torch.fx.GraphModule({}, g)
+    real, traced = object(), object()
+    with FakeTensorMode() as mode:
+        x.meta["val"] = mode.from_tensor(torch.randn(4, 8))
+        y.meta["val"] = x.meta["val"] * 2.0
+    obj.meta["val"] = FakeScriptObject(traced, "Opaque", None)
+    compiled = ember.compile_graph(gm, [torch.randn(4, 8), obj.meta["val"]])
+    t = torch.randn(4, 8)
+    out = compiled([t, real])
+    assert_close(out[0], t * 2.0)
+    assert out[1] is real

@@ -8,8 +8,10 @@ from typing import Optional
 
 import sympy
 import torch
+from torch._library.fake_class_registry import FakeScriptObject
 
 from .. import config, metrics
+from ..ir.collectives import CollectiveKernel, WaitKernel, issuing_collective
 from ..ir.nodes import (Buffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
                         MutationBuffer, ReinterpretView)
 from ..ir.symbolic import sympify
@@ -19,8 +21,8 @@ from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
 from .traffic import extern_bytes, kernel_bytes
-from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Free, MultiOutputLine, Name, ProfiledCall, Return,
-                            Reuse, SymbolDef, View, WrapperProgram, device_call_label)
+from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Collective, Free, MultiOutputLine, Name,
+                            ProfiledCall, Return, Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
 class ProgramBuilder:
@@ -176,7 +178,17 @@ class ProgramBuilder:
             return {k: self._arg(v) for k, v in a.items()}
         if isinstance(a, torch.SymInt):
             return sympify(a)
+        if isinstance(a, FakeScriptObject):
+            return self._opaque_input(a)
         return a
+
+    def _opaque_input(self, fake) -> Name:
+        """A graph input that is an opaque object (DTensor's traced graphs take some), by its input's name:
+        the lowering holds the object traced (a fake), the wrapper must pass on the one it is called with."""
+        name = next((n for n, v in self.g.graph_inputs.items() if v is fake), None)
+        if name is None:
+            raise NotImplementedError(f"an opaque object that is not a graph input: {fake!r}")
+        return Name(name)
 
     def _extern(self, buf):
         if isinstance(buf, MultiOutput):
@@ -189,12 +201,22 @@ class ProgramBuilder:
         first_view = self.views + 1
         args = [self._arg(a) for a in buf.args]
         kwargs = {k: self._arg(v) for k, v in buf.kwargs.items()}
-        self.allocated.add(buf.get_name())
-        call = CallExtern(buf.get_name(), buf.op, args, kwargs)
-        if self.origins is not None:
+        if isinstance(buf, WaitKernel):
+            # `x = wait_tensor(x)`: the waited tensor itself, complete (a view of one binds nothing)
+            name = args[0] if isinstance(buf.waited, Buffer) else None
+            issued_by = buf.issued_by.get_name() if buf.issued_by is not None else None
+            call = CallExtern(name, buf.op, args, kwargs, collective=Collective("wait", issued_by=issued_by))
+        else:
+            self.allocated.add(buf.get_name())
+            call = CallExtern(buf.get_name(), buf.op, args, kwargs)
+            if isinstance(buf, CollectiveKernel):
+                call.collective = Collective("issue", group=buf.group)
+        # a collective's values are checked where they are read, after its wait
+        if self.origins is not None and call.collective is None:
             call.check = self.origins.extern_check(call, buf)
         if self.profile_prefix is not None:
-            call.profile = self._profiled(call, extern_bytes(self.g, buf))
+            # a wait moves no bytes: it returns once the collective has
+            call.profile = self._profiled(call, (0, 0) if isinstance(buf, WaitKernel) else extern_bytes(self.g, buf))
         self.lines.append(call)
         # the views made for this call's arguments serve it alone: dropped now, they stop holding their
         # base's memory alive after the base itself is freed
@@ -212,10 +234,12 @@ class ProgramBuilder:
         """Kernels read extern outputs with the layout the op's meta function promised: check it, and
         where the output aliases nothing, copy a mismatched one into that layout."""
         if config.check_extern_layouts and buf.layout is not None:
-            conform = _aliases_nothing(buf) and buf.layout.offset == 0
+            fresh = _aliases_nothing(buf) and buf.layout.offset == 0
+            # a collective's output is being written until its wait: its layout is checked, never copied
+            conform = fresh and issuing_collective(buf, ()) is None
             self.lines.append(Assert(buf.get_name(), list(buf.layout.size), list(buf.layout.stride), conform,
                                      buf.layout.dtype))
-            if conform:
+            if fresh:
                 # memory of its own, in a known layout: reusable once dead, like an allocation
                 self.layouts[buf.get_name()] = _layout_key(buf.layout)
 
@@ -229,7 +253,7 @@ class ProgramBuilder:
         return view.layout.offset - (base.offset if base is not None else 0)
 
     def _output_value(self, o):
-        if isinstance(o, (ReinterpretView, Buffer)):
+        if isinstance(o, (ReinterpretView, Buffer, FakeScriptObject)):
             return self._arg(o)
         return o
 

@@ -120,6 +120,13 @@ def _mutated_args(op, args, kwargs) -> list:
 
 
 def fallback(op, args, kwargs, node: torch.fx.Node):
+    metrics.fallbacks[str(op)] += 1
+    return extern_call(op, args, kwargs, node)
+
+
+def extern_call(op, args, kwargs, node: torch.fx.Node, build=ExternKernel):
+    """The op as an extern call from the wrapper. `build(name, layout, op, args, kwargs, mutated)` makes
+    its IR node: an ExternKernel, or a subclass of it (a collective: lowering/collectives.py)."""
     g = state.current_graph()
     mutated = _mutated_args(op, args, kwargs)
     for m in mutated:
@@ -131,13 +138,12 @@ def fallback(op, args, kwargs, node: torch.fx.Node):
     ir_args = [realize_arg(a, m) for a, m in zip(args, arg_metas)]
     ir_kwargs = {k: realize_arg(v, _meta_of(node.kwargs.get(k)) if node is not None else None)
                  for k, v in kwargs.items()}
-    metrics.fallbacks[str(op)] += 1
     val = node.meta.get("val") if node is not None else None
     spec = _layouts(val, _run_on_meta(op, ir_args, ir_kwargs))
     mutated_names = [m.data.get_name() for m in mutated]
     if isinstance(spec, Layout):
-        return TensorBox(g.register_buffer(ExternKernel(None, spec, op, ir_args, ir_kwargs, mutated_names)))
-    kernel = g.register_buffer(ExternKernel(None, None, op, ir_args, ir_kwargs, mutated_names))
+        return TensorBox(g.register_buffer(build(None, spec, op, ir_args, ir_kwargs, mutated_names)))
+    kernel = g.register_buffer(build(None, None, op, ir_args, ir_kwargs, mutated_names))
     if isinstance(spec, (list, tuple)):
         return _multi_outputs(g, kernel, spec, ())
     return None

@@ -41,5 +41,5 @@ def get_lowering(target):
 
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
-    from . import (concat, creation, fallback, indexing, matmul, mutation, pointwise, pooling,  # noqa: F401
-                   random, reductions, scan, scatter, upsample, views)
+    from . import (collectives, concat, creation, fallback, indexing, matmul, mutation, pointwise,  # noqa: F401
+                   pooling, random, reductions, scan, scatter, upsample, views)

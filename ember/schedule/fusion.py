@@ -274,21 +274,7 @@ class Fusion:
     def ordered(self) -> list[FusedGroup]:
         """Live groups in a topological order (by each group's first node where free to choose)."""
         live = [g for g in self.groups if g.alive]
-        indeg = {g: 0 for g in live}
-        users = {g: self.group_users(g) for g in live}
-        for g in live:
-            for u in users[g]:
-                indeg[u] += 1
-        ready = [(g.min_order, g.id, g) for g in live if indeg[g] == 0]
-        heapq.heapify(ready)
-        out = []
-        while ready:
-            _, _, g = heapq.heappop(ready)
-            out.append(g)
-            for u in users[g]:
-                indeg[u] -= 1
-                if indeg[u] == 0:
-                    heapq.heappush(ready, (u.min_order, u.id, u))
+        out = list_schedule(live, {g: self.group_users(g) for g in live}, lambda g: (g.min_order, g.id))
         assert len(out) == len(live), "fusion created a cycle"
         return out
 
@@ -304,6 +290,27 @@ def _template_fusion_allowed(a: FusedGroup, b: FusedGroup) -> bool:
     (t, template), other = ((a, ta), b) if ta is not None else ((b, tb), a)
     return not (other.is_reduction() or t.is_reduction()) and not (other.writes & template.reads) and \
         bool(other.reads & t.writes)
+
+
+def list_schedule(groups: list, users: dict, key) -> list:
+    """`groups` in a topological order of the edges group -> `users[group]`: of the groups whose
+    predecessors have all run, the one with the smallest `key(group)` (unique per group) runs next. A
+    cycle leaves its groups out."""
+    indeg = {g: 0 for g in groups}
+    for g in groups:
+        for u in users[g]:
+            indeg[u] += 1
+    ready = [(key(g), g) for g in groups if indeg[g] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        out.append(g)
+        for u in users[g]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, (key(u), u))
+    return out
 
 
 def _indirect_syms(expr) -> set:

@@ -10,7 +10,8 @@ per input) and returns the same tuple. Each line type becomes graph nodes:
     DefineKernel     get_attr of the loaded kernel (source in node.meta["ember_kernel_source"])
     CallKernel       launch_kernel(kernel, grid, *args, **meta), sizes computed in the graph (grid None:
                      a kernel whose config follows the sizes, launched as kernel.run(*args))
-    CallExtern       call_function of the op
+    CallExtern       call_function of the op; a collective's issue or wait carries its Collective in
+                     node.meta["ember_collective"], and a wait's node is the waited value from then on
     MultiOutputLine  operator.getitem
     View             torch.as_strided at the base's storage_offset() plus the view's offset
     Assert           check_layout(tensor, size, stride, name), or name = conform_layout(...) with conform
@@ -264,7 +265,9 @@ class FxRenderer:
         op = ln.op
         if not callable(op):
             raise TypeError(f"ember FX wrapper: extern op {op!r} is not callable")
-        self._call(ln.name, op, self.value(tuple(ln.args)), {k: self.value(v) for k, v in ln.kwargs.items()})
+        node = self._call(ln.name, op, self.value(tuple(ln.args)), {k: self.value(v) for k, v in ln.kwargs.items()})
+        if ln.collective is not None:
+            node.meta["ember_collective"] = ln.collective
 
     def multi_output(self, ln: MultiOutputLine):
         node = self.lookup(ln.parent)

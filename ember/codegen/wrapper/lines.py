@@ -98,6 +98,17 @@ class CallKernel:
     profile: Optional[ProfiledCall] = None  # set by the program builder with config.report
 
 
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """Marks a CallExtern as communication (ir/collectives.py). An "issue" call starts a collective on
+    process group `group`: its results are written, and its tensor arguments read, until the "wait" call
+    that completes them. A wait (`name = wait_tensor(name)`) returns the tensor it waits on; `issued_by`
+    names the issuing call's result (None for a collective issued outside the graph)."""
+    kind: str                        # "issue" | "wait"
+    group: Any = None                # "issue": the process group's name, as the op takes it
+    issued_by: Optional[str] = None  # "wait"
+
+
 @dataclasses.dataclass
 class CallExtern:
     name: Optional[str]  # the result's name (None when the op returns nothing used)
@@ -106,6 +117,7 @@ class CallExtern:
     kwargs: dict
     check: Optional[FiniteCheck] = None     # set by the program builder with config.check_nans
     profile: Optional[ProfiledCall] = None  # set by the program builder with config.report
+    collective: Optional[Collective] = None  # set for a collective's issue or wait
 
 
 def device_call_label(ln) -> Optional[str]:

@@ -1,0 +1,163 @@
+"""Collectives in the Wrapper IR, in this process with a one-rank gloo group (the values of a one-rank
+collective are known; tests/distributed/test_collectives.py runs 2 ranks): each collective is an issue
+call and a wait call carrying a Collective, no memory a collective writes or reads is freed or reused
+before its wait, and the overlap pass issues early and waits late."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import ember
+from ember.codegen import program as program_module
+from ember.codegen.wrapper.fx import FxRenderer, launch_kernel
+from ember.codegen.wrapper.lines import CallExtern, CallKernel, Free, Reuse
+from ember.testing import assert_close
+
+from spawn_ranks import requires_gloo
+
+pytestmark = requires_gloo
+c10d = torch.ops._c10d_functional if dist.is_available() else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def programs(monkeypatch):
+    """The WrapperPrograms the compiles below build, in order."""
+    built = []
+    build = program_module.ProgramBuilder.build
+
+    def record(self):
+        built.append(build(self))
+        return built[-1]
+    monkeypatch.setattr(program_module.ProgramBuilder, "build", record)
+    return built
+
+
+def _group():
+    return dist.group.WORLD.group_name
+
+
+def _collectives(x, y):
+    import torch.distributed._functional_collectives as fc
+    group = dist.group.WORLD
+    a = fc.all_reduce(x * 2, "sum", group)
+    b = fc.all_gather_single(y + 1, 0, group)
+    c = fc.reduce_scatter_single(x.relu(), "sum", 0, group)
+    d = fc.all_to_all_single(y * 3, None, None, group)
+    return a.sin() + 1, b * 2, c - 1, d.exp() + a.sum()
+
+
+def test_collectives_compute_eagers_values():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    expected = _collectives(x, y)
+    assert_close(torch.compile(_collectives, backend="ember")(x, y), expected)
+    assert ember.metrics.eager_fallbacks == 0
+    assert not [op for op in ember.metrics.fallbacks if "c10d" in op], ember.metrics.fallbacks
+    assert ember.metrics.collectives[str(c10d.wait_tensor.default)] == 4
+
+
+def _position(lines, pred) -> int:
+    return next(i for i, ln in enumerate(lines) if pred(ln))
+
+
+def test_issue_and_wait_lines_keep_memory_until_the_wait(programs):
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.compile(_collectives, backend="ember")(x, y)
+    (program,) = programs
+    lines = program.lines
+    issues = [ln for ln in lines if isinstance(ln, CallExtern) and ln.collective and ln.collective.kind == "issue"]
+    waits = [ln for ln in lines if isinstance(ln, CallExtern) and ln.collective and ln.collective.kind == "wait"]
+    assert len(issues) == 4 and len(waits) == 4
+    assert all(ln.collective.group == _group() for ln in issues)
+    # issued in the program's order on every rank
+    assert [ln.op for ln in issues] == [c10d.all_reduce.default, c10d.all_gather_into_tensor.default,
+                                        c10d.reduce_scatter_tensor.default, c10d.all_to_all_single.default]
+    for issue in issues:
+        (wait,) = [w for w in waits if w.collective.issued_by == issue.name]
+        # `x = wait_tensor(x)`: the wait returns the tensor it waits on
+        assert wait.name == issue.name and [str(a) for a in wait.args] == [issue.name]
+        start, end = lines.index(issue), lines.index(wait)
+        inputs = {str(a) for a in issue.args if isinstance(a, str)}
+        held = inputs | {issue.name}
+        for ln in lines[start + 1:end]:
+            assert not (isinstance(ln, Free) and held & set(ln.names)), (issue.name, ln)
+            assert not (isinstance(ln, Reuse) and ln.old in held), (issue.name, ln)
+            assert not (isinstance(ln, CallKernel) and held & {str(a) for a in ln.args}), (issue.name, ln)
+
+
+def _independent_work(x, y):
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
+    d = torch.mm(y, y).sin()
+    return a + 1, d
+
+
+def _independent_work_first(x, y):
+    d = torch.mm(y, y).sin()
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
+    return a + 1, d
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("fn", [_independent_work, _independent_work_first])
+def test_overlap_issues_early_and_waits_late(programs, fn, overlap):
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = fn(x, y)
+    with ember.config.patch(overlap_collectives=overlap):
+        assert_close(torch.compile(fn, backend="ember")(x, y), expected)
+    lines = programs[0].lines
+    issue = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == c10d.all_reduce.default)
+    wait = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == c10d.wait_tensor.default)
+    mm = _position(lines, lambda ln: isinstance(ln, CallExtern) and ln.op == torch.ops.aten.mm.default)
+    if overlap:     # the collective's input is computed first, the product while the collective runs
+        assert issue < mm < wait
+    elif fn is _independent_work:       # as traced
+        assert issue < wait < mm
+    else:
+        assert mm < issue < wait
+
+
+def test_fx_wrapper_carries_the_collectives(programs):
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _independent_work(x, y)
+    with ember.config.patch(wrapper="fx"):
+        assert_close(torch.compile(_independent_work, backend="ember")(x, y), expected)
+    gm = FxRenderer(programs[0], programs[0].load_kernels()).render()
+    marked = {n.target: n.meta["ember_collective"].kind for n in gm.graph.nodes if "ember_collective" in n.meta}
+    assert marked == {c10d.all_reduce.default: "issue", c10d.wait_tensor.default: "wait"}
+    wait = next(n for n in gm.graph.nodes if n.target == c10d.wait_tensor.default)
+    # the kernel that reads the waited value takes the wait's node
+    assert any(u.target is launch_kernel for u in wait.users)
+
+
+def test_in_place_collective_returns_the_buffer_it_writes():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w):
+        out = c10d.wait_tensor(c10d.all_reduce_(w, "sum", _group()))
+        return out + x, (out * 2).cos()
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w.clone())
+    expected = f(x, w.clone())
+    compiled = ember.compile_graph(gm, [x, w])
+    assert_close(compiled([x, w.clone()]), expected)
+    assert ember.metrics.collectives[str(c10d.all_reduce_.default)] == 1
+    assert not [op for op in ember.metrics.fallbacks if "c10d" in op], ember.metrics.fallbacks
+
+
+def test_a_graph_with_collectives_is_loaded_from_the_graph_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _independent_work(x, y)
+    with ember.config.patch(graph_cache=True):
+        for _ in range(2):
+            torch._dynamo.reset()
+            assert_close(torch.compile(_independent_work, backend="ember")(x, y), expected)
+    assert ember.metrics.graph_cache_misses == 1 and ember.metrics.graph_cache_hits == 1
+    # a hit counts the collectives the compile it replaces counted
+    assert ember.metrics.collectives[str(c10d.all_reduce.default)] == 2
