@@ -34,7 +34,8 @@ from typing import Optional
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import optimization_hint, statically_known_true
+from torch.fx.experimental import symbolic_shapes
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ... import config, metrics
 from ...device import backend_for
@@ -173,7 +174,7 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
 
 def _chunk_rows(vocab, logits) -> int:
     # a symbolic vocabulary's size as traced: the chunk size steers memory, never the result
-    return chunk_rows_for(optimization_hint(vocab), logits.element_size(), config.linear_cross_entropy_chunk_bytes)
+    return chunk_rows_for(_size_hint(vocab), logits.element_size(), config.linear_cross_entropy_chunk_bytes)
 
 
 def _vocab_align(logits) -> int:
@@ -182,3 +183,14 @@ def _vocab_align(logits) -> int:
     if logits.dtype not in (torch.float16, torch.bfloat16):
         return 1
     return max(1, backend_for(logits.device).matmul_alignment // logits.element_size())
+
+
+def _size_hint(n) -> int:
+    """An example value for a size (torch 2.13 has symbolic_shapes.optimization_hint; 2.11 the node's hint)."""
+    if isinstance(n, int):
+        return n
+    fn = getattr(symbolic_shapes, "optimization_hint", None)
+    if fn is not None:
+        return int(fn(n))
+    hint = n.node.hint
+    return int(hint) if hint is not None else 8192      # unbacked: a typical vocabulary; only sizes a chunk
