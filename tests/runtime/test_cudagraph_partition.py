@@ -239,7 +239,9 @@ def test_cpu_tensor_in_the_middle(device):
         host = (x.sin() * 2).cpu()
         return (host.abs().sqrt() + 1).to(x.device).log() * x
     _matches_eager(f, lambda: torch.randn(32, device=device))
-    assert _counters() == (2, 8, 2)
+    records, replays, partitions = _counters()
+    # the partition after the host reads a fresh copy back from it: recorded once more if that moves
+    assert partitions == 2 and replays == 8 and records in (2, 3)
 
 
 def test_held_outputs_of_a_partition_are_never_overwritten(device):
