@@ -71,12 +71,25 @@ class _Plan:
 
 
 def planned_peak(program, nbytes: Callable[[str], int]) -> PlannedPeak:
-    """The peak of `program`'s plan; `nbytes(name)`: the bytes of the memory an extern call's result
-    `name` (or a MultiOutput of it) holds, from its layout (0 for a tuple)."""
+    """The peak of `program`'s plan; `nbytes(name)`: the bytes of the memory an allocation or extern call
+    result `name` (or a MultiOutput of it) holds, from its layout (0 for a tuple)."""
+    best = PlannedPeak(0, -1, [])
+    for i, plan in _walk(program.lines, nbytes):
+        if plan.held > best.bytes:
+            best = PlannedPeak(plan.held, i, plan.live())
+    return best
+
+
+def held_bytes(lines: list, nbytes: Callable[[str], int]) -> list:
+    """The bytes the plan holds after each of `lines`."""
+    return [plan.held for _, plan in _walk(lines, nbytes)]
+
+
+def _walk(lines: list, nbytes: Callable[[str], int]):
+    """(index, the plan after that line) for each line."""
     plan = _Plan()
     fresh_parents: set = set()     # tuple-returning extern calls whose results are fresh memory
-    best = PlannedPeak(0, -1, [])
-    for i, ln in enumerate(program.lines):
+    for i, ln in enumerate(lines):
         if isinstance(ln, Allocate):
             plan.new(ln.name, nbytes(ln.name))
         elif isinstance(ln, Reuse):
@@ -99,9 +112,38 @@ def planned_peak(program, nbytes: Callable[[str], int]) -> PlannedPeak:
         elif isinstance(ln, Free):
             for name in ln.names:
                 plan.drop(name)
-        if plan.held > best.bytes:
-            best = PlannedPeak(plan.held, i, plan.live())
-    return best
+        yield i, plan
+
+
+@dataclasses.dataclass
+class HeldForReuse:
+    """A dead buffer's memory held from its Free line (`free`, which no longer names it) until `reuse` gives
+    it to a new buffer; `allocate` is the line that allocates the new buffer instead."""
+    reuse: Reuse
+    free: Free
+    allocate: Allocate
+
+
+def drop_reuses_that_raise_the_peak(lines: list, reuses: list, nbytes: Callable[[str], int]) -> None:
+    """Eager's allocator frees a tensor when it dies and serves later tensors from what was freed; a wrapper
+    that holds a dead buffer for a later buffer of its layout holds its memory meanwhile, through whatever
+    the lines between allocate. Keep each reuse (in program order) only where the plan's peak without any
+    reuse stays the peak with it; free the others when they die and allocate their successors instead."""
+    if not reuses:
+        return
+    at = {id(ln): i for i, ln in enumerate(lines)}
+    for r in reuses:                 # the plan without reuses: each dead buffer freed when it dies
+        r.free.names.append(r.reuse.old)
+        lines[at[id(r.reuse)]] = r.allocate
+    held = held_bytes(lines, nbytes)
+    peak = max(held)
+    for r in reuses:
+        start, end = at[id(r.free)], at[id(r.reuse)]
+        size = nbytes(r.reuse.old)
+        if max(held[start:end], default=0) + size <= peak:
+            r.free.names.remove(r.reuse.old)
+            lines[end] = r.reuse
+            held[start:end] = [h + size for h in held[start:end]]
 
 
 def returns_fresh_memory(op) -> bool:
@@ -114,14 +156,16 @@ def returns_fresh_memory(op) -> bool:
 
 
 def _live_rows(peak: PlannedPeak, origin: Optional[Callable[[str], str]]) -> list:
-    return [f"{origin(n) if origin else n} {b / 2**20:.1f} MiB" for n, b in peak.live]
+    from ..report.html import bytes_text
+    return [f"{origin(n) if origin else n} {bytes_text(b)}" for n, b in peak.live]
 
 
 def describe(peak: PlannedPeak, origin: Optional[Callable[[str], str]] = None, top: int = 8) -> str:
-    """'planned peak: 12.0 MiB after line 40, live there: buf3 (FX node mm) 8.0 MiB, ...'"""
+    """'planned peak: 12.00 MiB after line 40, live there: buf3 (FX node mm) 8.00 MiB, ...'"""
+    from ..report.html import bytes_text
     rows = _live_rows(peak, origin)
     more = f", and {len(rows) - top} more" if len(rows) > top else ""
-    return f"planned peak: {peak.bytes / 2**20:.1f} MiB after line {peak.line}, live there: " \
+    return f"planned peak: {bytes_text(peak.bytes)} after line {peak.line}, live there: " \
            f"{', '.join(rows[:top])}{more}"
 
 
@@ -147,6 +191,7 @@ def summary(program, lowering) -> str:
             return origins.describe(name, lowering.get_buffer(name))
         except KeyError:
             return name
+    from ..report.html import bytes_text
     peak = planned_peak(program, buffer_bytes(lowering))
     rows = "".join(f"  {r}\n" for r in _live_rows(peak, origin))
-    return f"planned peak: {peak.bytes / 2**20:.1f} MiB after line {peak.line}\nlive there:\n{rows}"
+    return f"planned peak: {bytes_text(peak.bytes)} after line {peak.line}\nlive there:\n{rows}"
