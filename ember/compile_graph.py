@@ -22,6 +22,7 @@ import torch
 import torch.fx
 
 from . import config, metrics, state
+from .codegen import planned_peak
 from .codegen.program import ProgramBuilder
 from .codegen.wrapper.device_guard import guard_current_device
 from .codegen.wrapper.fx import compile_fx
@@ -223,6 +224,7 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
             builder = ProgramBuilder(lowering, groups, report.prefix if report is not None else None)
             program = builder.build()
             program.output_strides = tuple(conv_layout.planned_output_strides(gm, lowering.outputs))
+        dump.write("memory_plan.txt", lambda: planned_peak.summary(program, lowering))
         if report is not None:
             collect_graph(report, gm, lowering, groups, program)
     return gm, program, builder

@@ -16,6 +16,7 @@ from ..ir.nodes import (Buffer, ConstantBuffer, ExternKernel, InputBuffer, Multi
                         MutationBuffer, ReinterpretView)
 from ..ir.symbolic import sympify
 from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
+from .planned_peak import HeldForReuse, buffer_bytes, drop_reuses_that_raise_the_peak
 from ..device import backend_for
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
@@ -39,6 +40,7 @@ class ProgramBuilder:
         self.pool: dict = {}         # layout key -> [(dead buffer, the Free line that dropped it)]
         self.dying: set = set()      # buffers read for the last time by the kernel being generated
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
+        self.reuses: list = []       # HeldForReuse: each dead buffer held for a later buffer of its layout
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
         # config.check_nans: where each value comes from, for the checks after each call (None when off)
         self.origins = ValueOrigins(lowering) if config.check_nans else None
@@ -73,6 +75,7 @@ class ProgramBuilder:
                     if name in self.layouts and name not in self.handed_over:
                         self.pool.setdefault(self.layouts[name], []).append((name, free))
         self.lines.append(Return([self._output_value(o) for o in g.outputs]))
+        drop_reuses_that_raise_the_peak(self.lines, self.reuses, buffer_bytes(g))
         return WrapperProgram(list(g.graph_input_names), self.lines, dict(g.constants))
 
     # -- pieces ----------------------------------------------------------------------------------------
@@ -124,10 +127,14 @@ class ProgramBuilder:
             metrics.in_place_buffers += 1
             self.lines.append(Reuse(name, in_place, release_old=False))   # the kernel still reads `old`
         elif self.pool.get(key):
-            # a dead buffer of the same layout: take its memory instead of allocating
+            # a dead buffer of the same layout: take its memory instead of allocating (kept only where
+            # holding it until here leaves the program's peak as it is: planned_peak.drop_reuses_that_raise_the_peak)
             old, free = self.pool[key].pop()
             free.names.remove(old)
-            self.lines.append(Reuse(name, old))
+            l = buf.layout
+            self.reuses.append(HeldForReuse(Reuse(name, old), free, Allocate(name, list(l.size), list(l.stride),
+                                                                                   l.dtype, l.device)))
+            self.lines.append(self.reuses[-1].reuse)
         else:
             metrics.buffers_allocated += 1
             l = buf.layout
