@@ -315,17 +315,25 @@ def test_training_loop_with_an_optimizer_settles_to_replays_without_copies(devic
     model, ref = _mlp_and_copy(device)
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
     cm = _compile(model)
-    for step in range(8):
-        x = torch.randn(8, 16, device=device)
-        for m, o in ((cm, opt), (ref, ref_opt)):
-            m(x).pow(2).mean().backward()
-            o.step()
-            o.zero_grad()
+
+    def steps(n):
+        for step in range(n):
+            x = torch.randn(8, 16, device=device)
+            for m, o in ((cm, opt), (ref, ref_opt)):
+                m(x).pow(2).mean().backward()
+                o.step()
+                o.zero_grad()
+    steps(6)
+    # forward and backward recorded once each, and once more if the batch first stayed where the warm-up's
+    # was and then moved (the allocator decides); from then on every step replays both
+    assert 2 <= ember.metrics.cudagraph_records <= 4
+    records, replays = ember.metrics.cudagraph_records, ember.metrics.cudagraph_replays
+    steps(4)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    # forward and backward recorded once each; activations and gradients are let go, never copied
-    assert ember.metrics.cudagraph_records == 2
-    assert ember.metrics.cudagraph_replays == 14          # every step after the warm-up
+    assert ember.metrics.cudagraph_records == records
+    assert ember.metrics.cudagraph_replays == replays + 8
+    # activations and gradients are let go, never copied
     assert ember.metrics.cudagraph_output_copies == 0
 
 
