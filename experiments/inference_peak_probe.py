@@ -7,7 +7,7 @@ Two measurements:
   bench  the bench's run_case memory sequence replayed: for a compiled backend it first runs the eager model
          for an accuracy reference kept in fp32 and computes the relative error of the first output in fp32;
          peak of the whole case above the weights, split into the accuracy check and the timed steps
-    python -m experiments.inference_peak_probe gpt2|llama [--layers N] [--replay] [--pad-weights]
+    python -m experiments.inference_peak_probe gpt2|llama [--layers N] [--replay]
 Also the plan of each compiled inference graph (ember/codegen/planned_peak.py), for the C++ backend and for
 cpu_backend="triton", whose pass decisions (matmul padding) are a GPU's; the graphs are not run."""
 import sys
@@ -127,13 +127,7 @@ def main():
     ap.add_argument("model", choices=("gpt2", "llama"))
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--replay", action="store_true", help="also replay the bench's run_case (slow)")
-    ap.add_argument("--pad-weights", action="store_true",
-                    help="pad_matmuls as before ember::mm_padded_rows: an inference product misaligned in N "
-                         "pads its weight operand")
     a = ap.parse_args()
-    if a.pad_weights:
-        from ember.graph.passes.post_grad import _MatmulPadder
-        _MatmulPadder._pads_rows_only = lambda self, node, b, s: False
     model, x = build(a.model, a.layers)
     compiled = torch.compile(model, backend="ember")
     with torch.no_grad():

@@ -7,7 +7,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
 from ember.device import backend_for
-from ember.graph.custom_ops import mm_padded_rows
 from ember.graph.pattern import Pattern, apply_patterns, register_replacement
 from ember.testing import check
 
@@ -439,8 +438,7 @@ def _padding_tolerance(device):
 def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bias, grad):
     """post_grad.pad_matmuls: M, K or N off the device's matmul alignment are zero-padded and the result
     sliced back, in training and inference graphs; values and gradients match eager, and an aligned
-    matmul is left alone. An inference product off the alignment in N alone, of a transposed weight, is
-    written into padded rows (ember::mm_padded_rows) and pads nothing."""
+    matmul is left alone."""
     _force_padding(monkeypatch, device)
     seen = []
     M, K, N = shape
@@ -451,9 +449,7 @@ def test_misaligned_matmuls_run_padded_and_sliced(device, monkeypatch, shape, bi
     with torch.set_grad_enabled(grad), \
             ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
         check(fn, a, w, b, grad=grad, **_padding_tolerance(device))
-    rows_only = not grad and shape == (200, 96, 1001)
-    assert (aten.constant_pad_nd.default in seen) == (shape != (64, 64, 64) and not rows_only)
-    assert (mm_padded_rows in seen) == rows_only
+    assert (aten.constant_pad_nd.default in seen) == (shape != (64, 64, 64))
 
 
 def test_padded_operands_are_shared_and_padded_in_storage_order(device, monkeypatch):
@@ -572,8 +568,7 @@ def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(dev
     with torch.no_grad(), \
             ember.config.patch(post_grad_passes=[lambda gm: seen.extend(n.target for n in gm.graph.nodes)]):
         logits = check(lambda h, w: (h.view(-1, H) @ w.t()).view(B, S, V), h, w, **_padding_tolerance(device))
-    # the weight is not copied: the product is written into padded rows
-    assert ops.padded_mm not in seen and aten.constant_pad_nd.default not in seen and ops.mm_padded_rows in seen
+    assert ops.padded_mm not in seen and aten.constant_pad_nd.default in seen
     padded = V + -V % (16 // h.element_size())          # _force_padding aligns rows to 16 bytes
     assert logits.stride() == (S * padded, padded, 1), logits.stride()
 

@@ -68,29 +68,3 @@ def _padded_mm_fake(a, b, bias, m, n):
 
 
 padded_mm = torch.ops.ember.padded_mm.default
-
-# a @ b (+ bias) written into memory whose rows lie `row_stride` elements apart (row_stride >= b's columns):
-# the padded product's storage, computed from unpadded operands (ATen's matmuls take such an `out` as it is)
-_lib.define("mm_padded_rows(Tensor a, Tensor b, Tensor? bias, int row_stride) -> Tensor")
-
-
-def _padded_rows_result(a: torch.Tensor, b: torch.Tensor, row_stride: int) -> torch.Tensor:
-    return a.new_empty_strided((a.shape[0], b.shape[1]), (row_stride, 1))
-
-
-def _mm_padded_rows(a: torch.Tensor, b: torch.Tensor, bias, row_stride: int):
-    out = _padded_rows_result(a, b, row_stride)
-    if bias is None:
-        return torch.mm(a, b, out=out)
-    return torch.addmm(bias, a, b, out=out)
-
-
-_lib.impl("mm_padded_rows", _mm_padded_rows, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("ember::mm_padded_rows")
-def _mm_padded_rows_fake(a, b, bias, row_stride: int):
-    return _padded_rows_result(a, b, row_stride)
-
-
-mm_padded_rows = torch.ops.ember.mm_padded_rows.default

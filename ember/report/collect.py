@@ -29,8 +29,7 @@ CATEGORIES = (GEMM, ATTENTION, MEMORY, OTHER_EXTERN, OUTSIDE, HOST)
 
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "addmv", "mv", "dot", "vdot", "matmul",
              "convolution", "_convolution", "convolution_backward", "cudnn_convolution",
-             "cudnn_convolution_transpose", "mkldnn_convolution", "_slow_conv2d_forward", "padded_mm",
-             "mm_padded_rows"}
+             "cudnn_convolution_transpose", "mkldnn_convolution", "_slow_conv2d_forward", "padded_mm"}
 
 
 @dataclasses.dataclass
@@ -252,8 +251,7 @@ def _meta(a):
 
 def extern_flops(extern: Optional[ExternKernel]) -> int:
     """FLOPs of an extern call by torch.utils.flop_counter's formula for its op (0 for ops it has none for,
-    which are not arithmetic-bound); ember::padded_mm and ember::mm_padded_rows count as the product they
-    compute."""
+    which are not arithmetic-bound); ember::padded_mm counts as the product it computes."""
     if extern is None:
         return 0
     from torch.utils.flop_counter import flop_registry
@@ -261,7 +259,7 @@ def extern_flops(extern: Optional[ExternKernel]) -> int:
     try:
         args = [_meta(a) for a in extern.args]
         kwargs = {k: _meta(v) for k, v in extern.kwargs.items()}
-        if _packet_name(extern.op) in ("padded_mm", "mm_padded_rows"):
+        if _packet_name(extern.op) == "padded_mm":
             a, b = args[0], args[1]
             return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
         formula = flop_registry.get(packet)

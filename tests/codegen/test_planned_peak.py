@@ -115,31 +115,3 @@ def test_memory_plan_in_the_debug_dump(tmp_path):
     # the graph's memory: the 64x64 float32 product (an extern's result), in which softmax is computed in place
     assert text.startswith("planned peak: 16.00 KiB") and text.count("16.00 KiB") == 2 and "FX node mm" in text, \
         text
-
-
-def test_an_inference_lm_head_off_the_alignment_copies_no_weight(device, monkeypatch):
-    """GPT-2's LM head in inference, its vocabulary off the matmul alignment: the logits are written into
-    padded rows (ember::mm_padded_rows) from the weight as it is. A padded copy of the weight, live beside
-    the logits, made the plan's peak the logits plus the weight (here 1 + 4 MiB against eager's 1)."""
-    from ember.device import backend_for
-    from ember.graph.passes import post_grad
-    monkeypatch.setattr(backend_for(device), "matmul_alignment", 16)
-    monkeypatch.setattr(post_grad, "PAD_MATMUL_MIN_MACS", 0)
-    monkeypatch.setattr(post_grad, "_PADDED_MATMUL_DTYPES", (torch.float32,))
-    seen = _planned_programs(monkeypatch)
-    torch.manual_seed(0)
-    norm, head = torch.nn.LayerNorm(256).to(device), torch.nn.Linear(256, 4001, bias=False).to(device)
-
-    def lm_head(h):
-        return head(norm(h))
-    compiled = torch.compile(lm_head, backend="ember")
-    tol = {"rtol": 2e-3, "atol": 2e-3} if torch.device(device).type == "cuda" else {}
-    with torch.no_grad():
-        for _ in range(2):
-            h = torch.randn(2, 32, 256, device=device)
-            assert_close(compiled(h), lm_head(h), **tol)
-        eager_peak = peak_bytes(lambda: lm_head(h))
-    (peak, text), = seen
-    assert "mm_padded_rows" in text and "constant_pad_nd" not in text, text
-    padding = 64 * (4004 - 4001) * 4                # the logits' padded rows: 4001 floats aligned to 16 bytes
-    assert peak.bytes <= eager_peak + padding, (peak.bytes / 2**20, eager_peak / 2**20)

@@ -13,7 +13,7 @@ import torch.fx
 
 from ... import config
 from ...device import backend_for
-from ..custom_ops import mm_padded_rows, padded_mm, softmax_stats
+from ..custom_ops import padded_mm, softmax_stats
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .common import VIEW_OPS, dead_code_elimination, run_passes
@@ -243,11 +243,6 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
             padder.rewrite(n, sizes)
 
 
-def _alignment(v: torch.Tensor) -> int:
-    """The elements of v's dtype in the matmul alignment of v's device's kernel backend."""
-    return backend_for(v.device).matmul_alignment // v.element_size()
-
-
 @dataclasses.dataclass(frozen=True)
 class _MatmulSizes:
     """A matmul's result size (M, N), and the zeros that align its M, K and N."""
@@ -270,7 +265,7 @@ def _misaligned_matmul(node) -> "_MatmulSizes | None":
     if node.target is aten.addmm.default and (not isinstance(node.args[0], torch.fx.Node) or
                                              node.args[0].meta["val"].dim() != 1):
         return None
-    align = _alignment(va)
+    align = backend_for(va.device).matmul_alignment // va.element_size()
     (m, k), n = va.shape, vb.shape[1]
     if align <= 1 or m * k * n < PAD_MATMUL_MIN_MACS or min(m, k, n) < 64:
         return None
@@ -292,13 +287,11 @@ class _MatmulPadder:
         """Replace the matmul `node` by its product on padded operands, sliced back to its sizes."""
         a, b = node.args[-2], node.args[-1]
         bias = node.args[0] if node.target is aten.addmm.default else None
-        rows_only = self._pads_rows_only(node, b, s)
-        a2 = self.pad(a, s.pad_m, s.pad_k, node)
-        b2 = b if rows_only else self.pad(b, s.pad_k, s.pad_n, node)
+        a2, b2 = self.pad(a, s.pad_m, s.pad_k, node), self.pad(b, s.pad_k, s.pad_n, node)
         with self.graph.inserting_before(node):
             bias2 = _call(self.graph, aten.constant_pad_nd.default, bias, [0, s.pad_n]) \
-                if bias is not None and s.pad_n and not rows_only else bias
-            out, restrided = self._product(node, a2, b2, bias2, s, rows_only)
+                if bias is not None and s.pad_n else bias
+            out, restrided = self._product(node, a2, b2, bias2, s)
         if restrided is None:
             # the result keeps the matmul's traced value (eager's dense strides): where it is returned,
             # directly or through views, the lowering's output check copies it into them
@@ -310,40 +303,19 @@ class _MatmulPadder:
         node.replace_all_uses_with(out)
         self.graph.erase_node(node)
 
-    def _pads_rows_only(self, node, b, s: _MatmulSizes) -> bool:
-        """Does node's product need only its own rows padded? In an inference graph, where N is off the
-        alignment, K is not, and b is stored transposed with an aligned leading dimension (a Linear's weight,
-        as GPT-2's LM head reads it), no operand's leading dimension needs padding, only the product's: it
-        is written into padded rows by ember::mm_padded_rows and b is not copied (a padded copy of the
-        weight would be live beside the product, which holds the graph's peak)."""
-        vb = _val(b)
-        if not self.inference or s.pad_k or not s.pad_n or node.kwargs or vb.stride(0) != 1 or \
-                vb.stride(1) % _alignment(vb) != 0:
-            return False
-        if not _returned(node):
-            return True
-        val = node.meta["val"]
-        with val.fake_mode:
-            padded_rows = torch.empty_strided(val.shape, (s.n + s.pad_n, 1), dtype=val.dtype, device=val.device)
-        return _views_restrided(node, padded_rows) is not None
-
-    def _product(self, node, a2, b2, bias2, s: _MatmulSizes, rows_only: bool) -> tuple:
+    def _product(self, node, a2, b2, bias2, s: _MatmulSizes) -> tuple:
         """(node's result from the padded operands, {view of it: its traced value} or None). Sliced back
         from the padded product, except where a forward or backward graph returns a result padded along
         N: ember::padded_mm then computes it dense. An inference graph returns the sliced product's views
-        with the padded strides where views can be taken of it. With `rows_only` b2 is not padded and the
-        product is written into padded rows."""
+        with the padded strides where views can be taken of it."""
         returned = bool(s.pad_n) and _returned(node)
         out = restrided = None
-        if rows_only:
-            out = _call(self.graph, mm_padded_rows, a2, b2, bias2, s.n + s.pad_n)
-            out = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, 0)
-        elif not returned or self.inference:
+        if not returned or self.inference:
             out = _call(self.graph, aten.addmm.default, bias2, a2, b2, **node.kwargs) if bias2 is not None \
                 else _call(self.graph, aten.mm.default, a2, b2)
             out = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, s.pad_n)
-        if out is not None and returned:
-            restrided = _views_restrided(node, out.meta["val"])
+            if returned:
+                restrided = _views_restrided(node, out.meta["val"])
         if returned and restrided is None:
             out = _call(self.graph, padded_mm, a2, b2, bias2, s.m, s.n)
         return out, restrided
