@@ -113,7 +113,10 @@ class Config:
     # Rewrite cross_entropy(linear(x, W, b), target) into ember::linear_cross_entropy, which computes the loss
     # and its gradients in chunks of rows, never holding the whole logits (graph/passes/linear_cross_entropy.py);
     # a chunk's logits and their fp32 log-probabilities take at most linear_cross_entropy_chunk_bytes.
-    fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", True))
+    # Off by default: on an H100 its chunks' ATen pointwise passes made Llama's training step (the model's
+    # own cross-entropy) 28.1 ms against inductor's 21.2 (docs/performance.md); a fused chunk kernel comes
+    # first.
+    fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", False))
     linear_cross_entropy_chunk_bytes: int = 256 << 20
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)

@@ -13,6 +13,12 @@ N, H, V = 26, 16, 53          # V prime: no chunk of rows or block of columns di
 CHUNK_ROWS = 5                # float32: 26 rows -> chunks of 5 rows and one of 1; bfloat16: of 6 and one of 2
 
 
+@pytest.fixture(autouse=True)
+def _rewrite_on():
+    with ember.config.patch(fused_linear_cross_entropy=True):
+        yield
+
+
 @pytest.fixture
 def graphs():
     """Every graph ember lowers (after its post-grad passes), as its nodes; chunks of CHUNK_ROWS rows."""
