@@ -109,7 +109,8 @@ def collect_graph(record: GraphRecord, gm, lowering, groups, program) -> None:
         if isinstance(ln, CallKernel):
             labels.setdefault(p.group, []).append(ln.name)
             call = CallRecord(record.id, p.range, ln.name, "kernel", MEMORY, _backend_name(program, ln.name),
-                              str(group.device()), None, p.bytes_read, p.bytes_written, _kernel_flops(group), p.group,
+                              _device_of(None, group), None, p.bytes_read, p.bytes_written, _kernel_flops(group),
+                              p.group,
                               [n.name for n in nodes], _source_lines(nodes))
         else:
             buf = lowering.get_buffer(ln.name) if ln.name else None
@@ -119,8 +120,7 @@ def collect_graph(record: GraphRecord, gm, lowering, groups, program) -> None:
             label = str(getattr(ln.op, "__name__", ln.op))
             labels.setdefault(p.group, []).append(f"extern {label}")
             call = CallRecord(record.id, p.range, label, "extern", extern_category(ln.op), "aten",
-                              str(extern.layout.device if extern is not None and extern.layout is not None
-                                  else group.device()),
+                              _device_of(extern, group),
                               _first_tensor_dtype(extern), p.bytes_read, p.bytes_written, extern_flops(extern),
                               p.group, [n.name for n in op_nodes], _source_lines(op_nodes),
                               fallback_reason(ln.op, op_nodes[0] if op_nodes else None))
@@ -278,3 +278,14 @@ def _first_tensor_dtype(extern) -> Optional[torch.dtype]:
         if a.layout is not None:
             return a.layout.dtype
     return None
+
+
+def _device_of(extern, group) -> str:
+    """Where a call runs: its extern's layout's device, else that of the first node of its group that has a
+    layout (the parent of a multi-output extern, such as CPU flash attention's, has none)."""
+    candidates = ([extern] if extern is not None else []) + [n.buf for n in group.nodes]
+    for buf in candidates:
+        layout = getattr(buf, "layout", None)
+        if layout is not None:
+            return str(layout.device)
+    return "cpu"

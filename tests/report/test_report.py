@@ -196,6 +196,22 @@ def test_report_page_renders_in_chromium(report_page, tmp_path):
 
 # -- the numbers, in process ---------------------------------------------------------------------------------
 
+def test_a_multi_output_extern_is_reported(tmp_path, device):
+    """SDPA's fused kernel returns several tensors (an extern whose parent buffer has no layout)."""
+    q, k, v = (torch.randn(2, 4, 16, 8, device=device) for _ in range(3))
+    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v).relu()  # noqa: E731
+    with ember.config.patch(report=str(tmp_path / "report.html"), report_steps=2, report_warmup=1):
+        f = torch.compile(fn, backend="ember")
+        for _ in range(5):
+            torch.testing.assert_close(f(q, k, v), fn(q, k, v), rtol=1e-4, atol=1e-5)
+        report = report_recorder()
+        report.finish()
+    (graph,) = report.graphs
+    attention = [c for c in graph.calls if "attention" in c.label]
+    assert attention and all(c.device.startswith(torch.device(device).type) for c in graph.calls)
+    assert (tmp_path / "report.html").exists()
+
+
 def test_bytes_flops_and_profiled_steps(tmp_path, device):
     w = torch.randn(32, 16, device=device)
     with ember.config.patch(report=str(tmp_path / "report.html"), report_steps=2, report_warmup=1):

@@ -158,3 +158,22 @@ def test_a_partial_update_in_place_says_the_input_held_nan(device):
 
     msg = _raised(fn, z)
     assert "what it read held NaN or Inf already: arg0_1" in msg, msg
+
+
+def _template(x, w):
+    # a GEMM template with log in its epilogue: the product's negative entries become NaN in the tile
+    t = torch.log(x @ w)
+    return t
+
+
+def test_a_gemm_templates_epilogue_is_named(device):
+    from ember.device import backend_for
+    if not getattr(backend_for(torch.device(device)), "gemm_templates", False):
+        pytest.skip("the kernel backend has no GEMM templates (the Triton backend has)")
+    x, w = _positive(16, 32, device=device), torch.randn(32, 24, device=device)
+    with ember.config.patch(gemm_templates="always"):
+        msg = _raised(_template, x, w)
+    assert ember.metrics.template_kernels >= 1
+    assert re.search(r"check_nans: kernel\d+ \(fx nodes: [^)]*\bmm\b[^)]*\blog\b", msg), msg
+    assert re.search(r"in _template :: t = torch\.log\(x @ w\)", msg), msg
+    assert int(re.search(r"wrote (\d+) NaN", msg).group(1)) > 0, msg
