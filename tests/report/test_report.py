@@ -196,8 +196,9 @@ def test_report_page_renders_in_chromium(report_page, tmp_path):
 
 # -- the numbers, in process ---------------------------------------------------------------------------------
 
-def test_a_multi_output_extern_is_reported(tmp_path, device):
-    """SDPA's fused kernel returns several tensors (an extern whose parent buffer has no layout)."""
+def test_a_multi_output_extern_is_reported(tmp_path):
+    """The CPU's fused SDPA kernel returns several tensors (an extern whose parent buffer has no layout)."""
+    device = "cpu"
     q, k, v = (torch.randn(2, 4, 16, 8, device=device) for _ in range(3))
     fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v).relu()  # noqa: E731
     with ember.config.patch(report=str(tmp_path / "report.html"), report_steps=2, report_warmup=1):
