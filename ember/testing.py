@@ -138,6 +138,16 @@ def peak_bytes(fn) -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
+    events = cpu_allocations(fn)
+    if not events:
+        return 0
+    start = events[0]["Total Allocated"] - events[0]["Bytes"]
+    return max(e["Total Allocated"] for e in events) - start
+
+
+def cpu_allocations(fn) -> list:
+    """The profiler's record of every CPU allocation and free while fn() runs, in order: per event its
+    "Bytes" (negative: freed) and the "Total Allocated" after it."""
     import json
     import os
     import tempfile
@@ -153,8 +163,4 @@ def peak_bytes(fn) -> int:
                             key=lambda e: e["ts"])
     finally:
         os.remove(path)
-    if not events:
-        return 0
-    first = events[0]["args"]
-    start = first["Total Allocated"] - first["Bytes"]
-    return max(e["args"]["Total Allocated"] for e in events) - start
+    return [e["args"] for e in events]

@@ -15,7 +15,7 @@ import sys
 import torch
 
 import ember
-from ember.testing import peak_bytes
+from ember.testing import cpu_allocations, peak_bytes
 
 GIB = 2 ** 30
 
@@ -39,19 +39,7 @@ def build(name, layers):
 def allocated_and_peak(fn):
     """(bytes allocated when fn starts, most bytes allocated at once while it runs), absolute, from the
     profiler's record of every CPU allocation (None, None when fn allocates nothing)."""
-    import json, os, tempfile
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = sorted((e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"),
-                            key=lambda e: e.get("ts", 0))
-    finally:
-        os.remove(path)
+    events = cpu_allocations(fn)
     if not events:
         return None, None
     return events[0]["Total Allocated"] - events[0]["Bytes"], max(e["Total Allocated"] for e in events)

@@ -120,19 +120,7 @@ class Autotuned:
         return cfg if cfg in configs else None
 
     def _tune(self, sizes, args, configs) -> dict:
-        saved = {i: args[i].clone() for i in self.tuning.written}
-        timings = []
-        for cfg in configs:
-            try:
-                timings.append((self._time(cfg, args), cfg))
-            except Exception as e:          # a config the compiler rejects (too many registers ...)
-                log.debug("ember autotune: %s rejected: %s", cfg, e)
-        for i, t in saved.items():
-            args[i].copy_(t)
-        if not timings:
-            raise RuntimeError(f"ember autotune: no candidate config of this kernel runs: {configs}")
-        best = min(timings, key=lambda tc: tc[0])[1]
-        log.debug("ember autotune: %s", [(round(t * 1e3, 1), c) for t, c in timings])
+        best = fastest(configs, lambda cfg: self._time(cfg, args), args, self.tuning.written, "ember autotune")
         self._save(sizes, best)
         return best
 
@@ -151,6 +139,26 @@ class Autotuned:
 
     def _save(self, sizes, cfg) -> None:
         write_choice(self._path(sizes), cfg)
+
+
+def fastest(candidates: list, time: Callable, args, written, what: str):
+    """The candidate `time(candidate)` says is fastest. The arguments a launch writes (positions `written`
+    in `args`) are restored afterwards; a candidate that fails (a config the compiler rejects, a launch
+    that fails) is dropped with a debug log line."""
+    saved = {i: args[i].clone() for i in written}
+    timings = []
+    for cand in candidates:
+        try:
+            timings.append((time(cand), cand))
+        except Exception as e:          # noqa: BLE001 - any failure only drops the candidate
+            log.debug("%s: %s dropped: %s", what, cand, e)
+    for i, t in saved.items():
+        args[i].copy_(t)
+    if not timings:
+        raise RuntimeError(f"{what}: no candidate runs: {candidates}")
+    best = min(timings, key=lambda tc: tc[0])[1]
+    log.debug("%s: %s", what, [(round(t * 1e3, 1), c) for t, c in timings])
+    return best
 
 
 def time_once(launch: Callable[[], None]) -> float:

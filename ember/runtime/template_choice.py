@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .autotune import read_choice, time_once, write_choice
+from .autotune import fastest, read_choice, time_once, write_choice
 from .launch import Launcher
 from .loader import cache_dir
 
@@ -121,19 +121,8 @@ class TemplateChoice:
         return choice if choice in cands else None
 
     def _tune(self, args, cands):
-        saved = {i: args[i].clone() for i in self.tuning.written}
-        timings = []
-        for cand in cands:
-            try:
-                timings.append((self._time(cand, args), cand))
-            except Exception as e:          # a config the compiler rejects, a launch that fails
-                log.debug("ember template autotune: %s dropped: %s", cand, e)
-        for i, t in saved.items():
-            args[i].copy_(t)
-        if not timings:
-            raise RuntimeError(f"ember template autotune: no candidate of this GEMM runs: {cands}")
-        best = min(timings, key=lambda tc: tc[0])[1]
-        log.debug("ember template autotune: %s", [(round(t * 1e3, 1), c) for t, c in timings])
+        best = fastest(cands, lambda cand: self._time(cand, args), args, self.tuning.written,
+                       "ember template autotune")
         write_choice(self._path(), best)
         return best
 
