@@ -19,6 +19,8 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
+from ember.report.roofline import cuda_seconds
+
 M, N = 8192, 8192
 bf, f32 = torch.bfloat16, torch.float32
 
@@ -43,19 +45,8 @@ CASES = {
 
 
 def _events_ms(fn, args, samples=50, calls=10):
-    for _ in range(5):
-        fn(*args)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn(*args)
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / calls)
-    return sorted(ts)[len(ts) // 2]
+    """The anchor's timing: median ms of one call over samples of back-to-back calls."""
+    return cuda_seconds(lambda: fn(*args), samples=samples, calls=calls) * 1e3
 
 
 def anchor_fraction(name: str) -> float:

@@ -45,7 +45,7 @@ def _measure_cuda(device, dtypes) -> Roofline:
         nbytes = min(GPU_COPY_BYTES, free // 4) // 4 * 4
         src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
-        copy_s = _cuda_seconds(lambda: dst.copy_(src))
+        copy_s = cuda_seconds(lambda: dst.copy_(src))
         del src, dst
         gemm = {d: _cuda_gemm_tflops(device, d, GPU_GEMM[d]) for d in dtypes}
         saved = torch.backends.cuda.matmul.allow_tf32
@@ -61,7 +61,8 @@ def _measure_cuda(device, dtypes) -> Roofline:
     return Roofline(f"{device} ({name})", 2 * nbytes / copy_s / 1e9, gemm, vector, how)
 
 
-def _cuda_seconds(fn, samples: int = 20, calls: int = 5) -> float:
+def cuda_seconds(fn, samples: int = 20, calls: int = 5) -> float:
+    """Median seconds of one call of fn on the GPU: `samples` samples of `calls` back-to-back calls each."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -81,7 +82,7 @@ def _cuda_seconds(fn, samples: int = 20, calls: int = 5) -> float:
 def _cuda_gemm_tflops(device, dtype, n) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    seconds = _cuda_seconds(lambda: torch.mm(a, b), samples=10, calls=3)
+    seconds = cuda_seconds(lambda: torch.mm(a, b), samples=10, calls=3)
     return 2 * n ** 3 / seconds / 1e12
 
 
