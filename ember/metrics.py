@@ -10,6 +10,7 @@ _COUNTS = {
     "buffers_allocated": "buffers the wrappers allocate (per compile)",
     "eager_fallbacks": "graphs that failed to compile and ran eagerly",
     "in_place_buffers": "kernel outputs written over a dying input's memory",
+    "scatters_in_place": "scatters written into the graph input they update (a KV cache), not a copy of it",
     "direct_graphs": "inference graphs called without AOTAutograd's wrapper",
     "attention_rewrites": "hand-written attentions rewritten to SDPA",
     "sdpa_mask_copies": "SDPA masks made contiguous so that a fused kernel accepts them",
@@ -26,6 +27,7 @@ _COUNTS = {
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
+scatters_in_place = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
@@ -37,7 +39,8 @@ compile_stage_seconds: collections.Counter = collections.Counter()   # ... per s
 
 # What the pipeline (lowering to code generation) counts: a graph cache hit adds what the compile it
 # replaces added.
-PIPELINE_COUNTERS = ("fallbacks", "collectives", "buffers_allocated", "in_place_buffers", "attention_rewrites")
+PIPELINE_COUNTERS = ("fallbacks", "collectives", "buffers_allocated", "in_place_buffers", "attention_rewrites",
+                     "scatters_in_place")
 
 
 def reset() -> None:

@@ -27,6 +27,8 @@ def copy_(dst, src, non_blocking=False):
         raise Unsupported("copy_ into something that is not a whole buffer")
     if isinstance(src, TensorBox) and src.device != dst.device:
         raise Unsupported("copy_ across devices")
+    if isinstance(src, TensorBox) and src.data is dst.data:
+        return dst     # the value was computed in the input's own memory (lowering/scatter.py, scatter_target)
     size = dst.get_size()
     if isinstance(src, TensorBox):
         load, sdt = broadcast_loader(src, size), src.dtype

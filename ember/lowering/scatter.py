@@ -18,12 +18,12 @@ from __future__ import annotations
 import sympy
 import torch
 
-from .. import state
-from ..ir.nodes import ComputedBuffer, Layout, Pointwise, ScatterBuffer, TensorBox
+from .. import metrics, state
+from ..ir.nodes import ComputedBuffer, InputBuffer, Layout, Pointwise, ScatterBuffer, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import product, statically_known_equal, sympify
 from .indexing import advanced_index_region
-from .layouts import is_dense
+from .layouts import is_dense, is_non_overlapping
 from .pointwise import broadcast_loader, cast, scalar_value, to_dtype
 from .registry import Unsupported, lower
 
@@ -56,6 +56,37 @@ def new_target(x: TensorBox, dtype: torch.dtype) -> ComputedBuffer:
     load, src = x.make_loader(), x.dtype
     data = Pointwise(x.device, dtype, lambda idx: cast(load(idx), src, dtype), list(x.get_size()))
     return state.current_graph().register_buffer(ComputedBuffer(None, _layout(x.get_size(), dtype, x.device), data))
+
+
+def scatter_target(x: TensorBox, dtype: torch.dtype):
+    """Where a scatter of x writes: x's own input buffer when the graph only writes the scatter's result
+    back into that input (a KV cache's `index_copy_`), else a fresh copy of x (`new_target`).
+
+    Functionalization turns `cache.index_copy_(...)` into a scatter into a copy of the input and a `copy_`
+    of the result back into the input at the end; when nothing else reads the input, the scatter can write
+    into the input itself, and neither the copy nor the write-back is needed (copy_ sees the same buffer
+    and records nothing). Readers of the result read the input after the scatter: the scheduler orders them
+    by the input's name, as it orders readers of any scattered buffer."""
+    if dtype == x.dtype and isinstance(x.data, InputBuffer) and type(x.data) is InputBuffer and \
+            _only_written_back(state.current_graph().current_node):
+        metrics.scatters_in_place += 1
+        return x.data
+    return new_target(x, dtype)
+
+
+def _only_written_back(node) -> bool:
+    """Whether `node` (a functional scatter of a graph input) is the input's one reader, and the input's
+    one other user is the `copy_` that writes `node`'s result back into it."""
+    if node is None or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    src = node.args[0]
+    meta = src.meta.get("val")
+    if src.op != "placeholder" or not isinstance(meta, torch.Tensor) or \
+            not (is_dense(meta) or is_non_overlapping(meta)):
+        return False
+    others = [u for u in src.users if u is not node]
+    return len(others) == 1 and others[0].target is aten.copy_.default and \
+        others[0].args[0] is src and others[0].args[1] is node
 
 
 def scatter_store(target: ComputedBuffer, ranges, indexer, value, mode=None) -> None:
@@ -100,7 +131,7 @@ def _scatter(x: TensorBox, dim: int, index: TensorBox, value, mode=None, accumul
     _index_ok(index)
     dim = dim % x.dim()
     dtype = accumulate_dtype or x.dtype
-    target = new_target(x, dtype)
+    target = scatter_target(x, dtype)
     scatter_store(target, index.get_size(), _dim_indexer(index, dim, x.get_size()[dim]), value, mode)
     return _cast_back(target, x.dtype)
 
@@ -214,10 +245,10 @@ def index_put(x, indices, values, accumulate=False):
         return _masked_put(x, indices[0], values, accumulate)
     shape, indexer = advanced_index_region(x, indices)
     if not accumulate:
-        target = new_target(x, x.dtype)
+        target = scatter_target(x, x.dtype)
         scatter_store(target, shape, indexer, _values(values, shape))
         return TensorBox(target)
-    target = new_target(x, _accumulate_dtype(x.dtype))
+    target = scatter_target(x, _accumulate_dtype(x.dtype))
     scatter_store(target, shape, indexer, _values(values, shape), "atomic_add")
     return _cast_back(target, x.dtype)
 

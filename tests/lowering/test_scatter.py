@@ -273,3 +273,65 @@ def test_out_of_range_index_raises(device):
     torch.testing.assert_close(f(x, torch.tensor([1, 1]), v), torch.index_put(x, (torch.tensor([1, 1]),), v, True))
     with pytest.raises(IndexError, match="out of range"):
         f(x, torch.tensor([1, 4]), v)
+
+
+# --- scatters written into the input they update ----------------------------------------------------------
+
+class _CachedAttention(nn.Module):
+    """A decode step's attention over a static KV cache written in place (`index_copy_`)."""
+
+    def __init__(self, device, heads=2, length=16, dim=8):
+        super().__init__()
+        self.register_buffer("kc", torch.randn(1, heads, length, dim, device=device))
+        self.register_buffer("vc", torch.randn(1, heads, length, dim, device=device))
+
+    def forward(self, q, k, v, pos):
+        self.kc.index_copy_(2, pos, k)
+        self.vc.index_copy_(2, pos, v)
+        return F.scaled_dot_product_attention(q, self.kc, self.vc)
+
+
+def test_kv_cache_written_in_place(device):
+    eager, compiled = _CachedAttention(device), _CachedAttention(device)
+    compiled.load_state_dict(eager.state_dict())
+    step = fresh_compile(compiled)
+    for p in (3, 4, 9):
+        q, k, v = (torch.randn(1, 2, 1, 8, device=device) for _ in range(3))
+        pos = torch.tensor([p], device=device)
+        torch.testing.assert_close(step(q, k, v, pos), eager(q, k, v, pos))
+        torch.testing.assert_close(compiled.kc, eager.kc)
+        torch.testing.assert_close(compiled.vc, eager.vc)
+    assert ember.metrics.scatters_in_place == 2
+
+
+def _read_before_write(c, p, v):
+    old = c.sum(0)                      # the input's old value is read: the scatter needs a copy
+    c.index_copy_(0, p, v)
+    return old + c.sum(0)
+
+
+def _functional_scatter(c, p, v):
+    return c.index_copy(0, p, v) * c     # no write-back, and the old value is read
+
+
+def _two_writes(c, p, v):
+    c.index_copy_(0, p, v)
+    c.index_copy_(0, p.flip(0), 2 * v)
+    return c.sum(0)
+
+
+def _scatter_add_in_place(c, p, v):
+    c.scatter_add_(0, p[:, None].expand(-1, c.shape[1]), v)
+    return c * 2
+
+
+@pytest.mark.parametrize("fn, in_place", [(_read_before_write, 0), (_functional_scatter, 0), (_two_writes, 0),
+                                          (_scatter_add_in_place, 1)])
+def test_scatter_into_input_only_when_nothing_else_reads_it(device, fn, in_place):
+    c, p, v = torch.randn(9, 4, device=device), torch.randperm(9, device=device)[:5], torch.randn(5, 4, device=device)
+    ce, ca = c.clone(), c.clone()
+    expected = fn(ce, p, v)
+    actual = fresh_compile(fn)(ca, p, v)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(ca, ce)
+    assert ember.metrics.scatters_in_place == in_place
