@@ -16,18 +16,18 @@ is copied from then on into a buffer the
 recording owns before each replay, and copied back afterwards when the graph writes into it (a KV cache
 passed as a plain tensor, optimizer state). Reading in place spares a copy and the buffer's memory.
 
-Outputs. A replay writes its outputs into the memory of the previous replay's outputs. Each call returns
-fresh tensors over that memory, and the recording counts how many tensors use each output's storage. When a
-replay would overwrite an output the program still holds (the previous token fed back, a list of losses,
-logits kept for later), the recording is dropped, the held memory stays with the program, a new recording
-is made, and from then on that output is returned as a copy (`ember.metrics.cudagraph_output_copies`).
-Outputs that are let go before the next call (activations consumed by the backward, a loss read once) are
-never copied.
+Outputs. A replay writes its outputs into the memory of the previous replay's outputs and returns new
+tensors over it. When a replay would overwrite an output the program still holds (the previous token fed
+back, a list of losses, logits kept for later), the recording is dropped, the held memory stays with the
+program, a new recording is made, and from then on that output is returned as a copy
+(`ember.metrics.cudagraph_output_copies`). Outputs that are let go before the next call (activations
+consumed by the backward, a loss read once) are never copied.
 
-Memory. The recordings on one device share one memory pool, so that a backward graph's temporaries reuse
-the memory of the forward's. A recording may then place its outputs where an earlier recording keeps
-temporaries; before a replay, the outputs of every later recording in the pool are checked the same way as
-the replaying graph's own (`_Pool`).
+Memory. The recordings on one device share a memory pool, and they do not own their outputs: memory the
+program lets go of (a forward's activations, as its backward consumes them; logits dropped after the loss)
+is reused by the next capture, as without CUDA graphs. runtime/cudagraph_memory.py keeps the checks that
+make this safe: before a replay, memory that its capture found free or consumed must be so again, and the
+outputs of later recordings in the pool must be let go.
 
 What is not recorded. A graph that reads or makes CPU tensors, synchronizes with the host (`.item()`,
 `nonzero`), has data-dependent sizes or calls an op tagged `cudagraph_unsafe` is split around those nodes
@@ -50,6 +50,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import config, metrics
+from . import cudagraph_memory
+from .cudagraph_memory import (Pool, Recording, describe_outputs, input_alias, pool_tensor, settle_watches, view_of,
+                               view_spec)
+from torch.multiprocessing.reductions import StorageWeakRef
 
 log = logging.getLogger("ember.cudagraphs")
 aten = torch.ops.aten
@@ -120,12 +124,11 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset:
 
 
 class CudaCapture:
-    """One CUDA graph, recorded into its device's shared memory pool."""
+    """One CUDA graph, recorded into a pool of its device."""
 
-    def __init__(self, pool: "_Pool"):
+    def __init__(self, pool: Pool):
         self.graph = torch.cuda.CUDAGraph()
-        if pool.handle is None or not pool.live():
-            # torch releases a pool with the last graph recorded into it: its handle is then stale
+        if pool.handle is None:
             pool.handle = torch.cuda.graph_pool_handle()
         self.pool = pool.handle
 
@@ -144,25 +147,26 @@ class CudaCapture:
 class EmulatedCapture:
     """A stand-in for CudaCapture on the CPU (tests): `replay` runs the function again on the call's inputs
     (the ones a CUDA graph would read: in place, or the recording's buffers) and writes its results into the
-    recorded outputs' memory, as a CUDA graph's replay does. It holds no input, as a CUDA graph holds none."""
+    recorded outputs' memory, as a CUDA graph's replay does. The capture keeps that memory (the pool's part)
+    and returns tensors over it that it does not own, as the pool's memory outlives a CUDA graph's outputs."""
 
     reads_args = True
 
-    def __init__(self, pool: "_Pool"):
+    def __init__(self, pool: Pool):
         pass
 
     def capture(self, fn: Callable, args: list):
-        # a capture runs nothing: the inputs the function writes into must come out unchanged; and as with
-        # a CUDA graph, an output that is an input is that input's memory
+        # the capture runs the function, which stands for the capture and the run that follows it (`replay`
+        # without inputs); as in a capture, the function gets the only references to the inputs
         self.fn = fn
-        storages = {a.untyped_storage().data_ptr(): a.untyped_storage() for a in args if isinstance(a, torch.Tensor)}
-        before = {p: st.clone() for p, st in storages.items()}
-        self.outs = fn(list(args))
-        for p, st in storages.items():
-            st.copy_(before[p])
-        return self.outs
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        self.outs = fn(args)
+        return [o if not isinstance(o, torch.Tensor) or o.untyped_storage().data_ptr() in inputs else _unowned(o)
+                for o in self.outs]
 
-    def replay(self, args: list) -> None:
+    def replay(self, args: Optional[list]) -> None:
+        if args is None:
+            return          # the run that follows the capture: the capture's
         inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         for old, new in zip(self.outs, self.fn(args)):
             # an output that is an input's memory is already what the graph returns; the others are written
@@ -171,53 +175,43 @@ class EmulatedCapture:
                 old.data.copy_(new)
 
 
-@dataclasses.dataclass(eq=False)
-class _Recording:
-    capture: Any
-    addresses: dict            # index of an input used in place -> its data_ptr when recorded
-    buffers: dict              # index of a copied input -> the recording's buffer for it
-    outputs: tuple
-    storages: list             # per output: (storage handle, use count of the recording alone) or None
-    runner: Any = None         # weak references to the runner and its _Sizes entry that hold this recording
-    entry: Any = None
-    pool: Any = None
-
-    def held_outputs(self) -> list:
-        """The outputs something besides the recording still uses."""
-        return [k for k, h in enumerate(self.storages) if h is not None and _use_count(h[0]) > h[1]]
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    metrics.cudagraph_output_copies += 1
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
-class _Pool:
-    """The memory pool one device's recordings share, and those recordings in the order they were made.
-    A recording may place its outputs in memory an earlier recording used for temporaries, so replaying a
-    recording writes wherever a later one's outputs may lie: before it replays, those must not be held."""
-
-    def __init__(self):
-        self.handle = None
-        self.recordings: list = []       # weak references, oldest first
-
-    def live(self) -> list:
-        """The recordings still alive, oldest first."""
-        live = [r for r in (w() for w in self.recordings) if r is not None]
-        self.recordings = [weakref.ref(r) for r in live]
-        return live
-
-    def later_than(self, rec: _Recording) -> list:
-        live = self.live()
-        return live[live.index(rec) + 1:] if rec in live else []
+def _unowned_storage(ptr: int, device, nbytes: int):
+    return torch._C._construct_storage_from_data_pointer(ptr, device, nbytes)
 
 
-_pools: dict = collections.defaultdict(_Pool)      # device -> its pool
+def _unowned(t: torch.Tensor) -> torch.Tensor:
+    st = t.untyped_storage()
+    return view_of(_unowned_storage(st.data_ptr(), t.device, st.nbytes()), view_spec(t), t.device)
+
+
+def _without_pool_references(args: list, pool_ptrs: set) -> list:
+    """args for running the graph if its capture fails, holding no input that lies in pool memory (a
+    capture must be free to reuse what the graph frees): those are kept as (ptr, nbytes, device, view) and
+    rebuilt over the same memory, which a failed capture has not written."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in pool_ptrs:
+            st = a.untyped_storage()
+            out.append(("unowned", st.data_ptr(), st.nbytes(), a.device, view_spec(a)))
+        else:
+            out.append(a)
+    return out
+
+
+def _rebuild(kind, ptr, nbytes, device, view) -> torch.Tensor:
+    return view_of(_unowned_storage(ptr, device, nbytes), view, device)
 
 
 @dataclasses.dataclass
 class _Sizes:
     warmed: bool = False
     warm_addresses: dict = dataclasses.field(default_factory=dict)   # input index -> data_ptr at the warm-up
-    recording: Optional[_Recording] = None
-
-
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+    recording: Optional[Recording] = None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -248,7 +242,7 @@ class CudaGraphRunner:
                  capture_factory: Callable = CudaCapture, device="cpu"):
         self._boxed_call = True
         self.fn, self.label, self.capture_factory = fn, label, capture_factory
-        self.pool = _pools[str(device)]
+        self.pools = cudagraph_memory.pools[str(device)]
         self.static = frozenset(static_inputs)
         self.mutated = frozenset(mutated)
         self.int_inputs = tuple(int_inputs)       # the inputs that are sizes: one recording per value
@@ -271,7 +265,7 @@ class CudaGraphRunner:
             return self.fn(args)              # warm-up: kernels compile and tune for these sizes
         self.sizes.move_to_end(key)
         rec = entry.recording
-        if rec is not None and not (self._can_replay(rec, args) & self._later_outputs_free(rec)):
+        if rec is not None and not self._replayable(rec, args):
             # the new recording comes last in the pool: the ones after the old one are recorded again after
             # it, so that the pool's order stays the order the graphs run in (a forward before its backward)
             for later in rec.pool.later_than(rec):
@@ -295,7 +289,14 @@ class CudaGraphRunner:
         entry = self.sizes[key] = _Sizes(warmed=True)
         return entry
 
-    def _can_replay(self, rec: _Recording, args: list) -> bool:
+    def _replayable(self, rec: Recording, args: list) -> bool:
+        checks = (self._can_replay(rec, args), self._later_outputs_free(rec), rec.memory_as_recorded(args))
+        if not all(checks):
+            log.debug("ember: %s is recorded again (inputs and own outputs %s, later recordings' outputs %s, "
+                      "memory as at its capture %s)", self.label, *("ok" if c else "changed" for c in checks))
+        return all(checks)
+
+    def _can_replay(self, rec: Recording, args: list) -> bool:
         ok = True
         for i, ptr in rec.addresses.items():
             if args[i].data_ptr() != ptr:
@@ -304,16 +305,23 @@ class CudaGraphRunner:
                 if i not in self.static and not self._recorded(args[i]) or self.moves[i] > 2:
                     # an input that moves between calls is cheaper copied than recorded anew each time
                     self.copied.add(i)
+        # an output over an input is placed relative to that input: its storage must still hold it
+        if any(o.kind == "arg" and input_alias(args[o.index], o) is None for o in rec.outputs):
+            ok = False
         held = rec.held_outputs()
         self.copy_outputs.update(held)
+        if not ok or held:
+            log.debug("ember: %s: inputs moved %s, outputs held %s", self.label,
+                      [i for i, p in rec.addresses.items() if args[i].data_ptr() != p], held)
         return ok and not held
 
-    def _later_outputs_free(self, rec: _Recording) -> bool:
-        """Whether no output of a recording made after `rec` in its pool is held; each one that is gets
-        dropped, its held outputs returned as copies from then on (and `rec` must be recorded anew)."""
+    @staticmethod
+    def _later_outputs_free(rec: Recording) -> bool:
+        """Whether no output of a recording made after `rec` in its pool is alive; each current one that has
+        some is dropped, its held outputs returned as copies from then on (and `rec` must be recorded anew)."""
         ok = True
         for later in rec.pool.later_than(rec):
-            if later.held_outputs():
+            if later.any_alive():
                 _drop_recording(later)
                 ok = False
         return ok
@@ -336,47 +344,61 @@ class CudaGraphRunner:
         call_args = [buffers.get(i, a) for i, a in enumerate(args)]
         addresses = {i: a.data_ptr() for i, a in enumerate(args)
                      if isinstance(a, torch.Tensor) and i not in buffers}
-        capture = self.capture_factory(self.pool)
-        try:
-            outs = capture.capture(self.fn, list(call_args))
-        except Exception as e:   # noqa: BLE001 - any capture failure leaves the graph running uncaptured
-            self.disabled = f"{type(e).__name__}: {e}"
-            warnings.warn(f"ember: recording {self.label} into a CUDA graph failed ({self.disabled}); it runs "
-                          f"without CUDA graphs", RuntimeWarning, stacklevel=3)
-            return self.fn(args)
-        outs = tuple(outs)
         # an output over a program's input (read in place) is the program's own memory, which no replay
         # overwrites behind its back; an output over one of the recording's buffers (a graph returns its
         # input: a forward saving it for its backward) is overwritten by the next call's copy-in, so it is
         # watched as the graph's own outputs are
-        in_place = {a.untyped_storage().data_ptr() for i, a in enumerate(call_args)
+        in_place = {a.untyped_storage().data_ptr(): (i, a) for i, a in enumerate(call_args)
                     if isinstance(a, torch.Tensor) and i not in buffers}
-        storages = []
-        for o in outs:
-            if isinstance(o, torch.Tensor) and _use_count is not None and \
-                    o.untyped_storage().data_ptr() not in in_place:
-                storages.append(o.untyped_storage()._cdata)
-            else:
-                storages.append(None)
-        rec = _Recording(capture, addresses, buffers, outs, [], weakref.ref(self), weakref.ref(entry), self.pool)
-        ptrs = [o.untyped_storage().data_ptr() for s, o in zip(storages, outs) if s is not None]
+        write_back = {i: args[i] for i in self.mutated.intersection(buffers)}
+        pool = self.pools.for_capture()
+        dead_before, alive_before = pool.memory_at_capture(call_args)
+        capture = self.capture_factory(pool)
+        fallback_args = _without_pool_references(args, {r.storages[i].ptr for r, i, *_ in alive_before})
+        # the capture gets the only references to the inputs: what the graph frees as it runs (a forward's
+        # activations, in a backward) is free for it to reuse, as without CUDA graphs
+        args.clear()
+        try:
+            outs = tuple(capture.capture(self.fn, call_args))
+        except Exception as e:   # noqa: BLE001 - any capture failure leaves the graph running uncaptured
+            self.disabled = f"{type(e).__name__}: {e}"
+            warnings.warn(f"ember: recording {self.label} into a CUDA graph failed ({self.disabled}); it runs "
+                          f"without CUDA graphs", RuntimeWarning, stacklevel=3)
+            return self.fn([_rebuild(*a) if isinstance(a, tuple) else a for a in fallback_args])
+        del fallback_args
+        outputs, storages = describe_outputs(outs, in_place, {b.untyped_storage().data_ptr() for b in buffers.values()})
+        rec = Recording(capture, addresses, buffers, outputs, storages, pool, weakref.ref(self), weakref.ref(entry))
+        rec.dead_before = dead_before
+        rec.consumed = [c for c in alive_before if not c[0].storages[c[1]].alive()]
+        ptrs = [s.ptr for s in storages]
         _recorded_storages.update(ptrs)
-        rec.release = weakref.finalize(rec, _forget_storages, ptrs)
-        # the counts of the recording's own references, taken once nothing else holds the outputs
-        rec.storages = [(s, _use_count(s)) if s is not None else None for s in storages]
+        weakref.finalize(rec, _forget_storages, ptrs)
         entry.recording = rec
-        self.pool.recordings.append(weakref.ref(rec))
+        pool.recordings.append(rec)
         metrics.cudagraph_records += 1
-        return self._replay(rec, args)
+        # the capture ran nothing: run it once
+        capture.replay(None)
+        for i, a in write_back.items():
+            a.copy_(buffers[i])
+        metrics.cudagraph_replays += 1
+        settle_watches(outputs)
+        result = []
+        for k, (o, spec) in enumerate(zip(outs, outputs)):
+            if spec.kind == "buffer":
+                o = o.detach()
+            elif spec.kind == "pool":
+                if k in self.copy_outputs:
+                    o = _copy(o)
+                else:
+                    rec.tensors[k] = weakref.ref(o)
+            result.append(o)
+        return result
 
     def _drop(self, entry: _Sizes) -> None:
-        rec, entry.recording = entry.recording, None
-        if rec is not None:
-            rec.release()
-            self.pool.recordings = [w for w in self.pool.recordings if w() is not rec]
+        entry.recording = None       # the pool keeps it while outputs of it are alive
 
     # -- replaying -------------------------------------------------------------------------------------
-    def _replay(self, rec: _Recording, args: list):
+    def _replay(self, rec: Recording, args: list):
         for i, buf in rec.buffers.items():
             a = args[i]
             if a.data_ptr() != buf.data_ptr():
@@ -384,17 +406,31 @@ class CudaGraphRunner:
         rec.capture.replay([rec.buffers.get(i, a) for i, a in enumerate(args)] if rec.capture.reads_args else None)
         for i in self.mutated.intersection(rec.buffers):
             args[i].copy_(rec.buffers[i])
-        args.clear()
         metrics.cudagraph_replays += 1
+        made = [None] * len(rec.storages)
         out = []
         for k, o in enumerate(rec.outputs):
-            if not isinstance(o, torch.Tensor):
-                out.append(o)
-            elif k in self.copy_outputs:
-                out.append(torch.empty_strided(o.size(), o.stride(), dtype=o.dtype, device=o.device).copy_(o))
-                metrics.cudagraph_output_copies += 1
+            if o.kind == "value":
+                out.append(o.value)
+            elif o.kind == "buffer":
+                out.append(o.value.detach())
+            elif o.kind == "arg":
+                out.append(input_alias(args[o.index], o))
             else:
-                out.append(o.detach())
+                s = rec.storages[o.index]
+                st = made[o.index]
+                if st is None:
+                    st = _unowned_storage(s.ptr, s.device, s.nbytes)
+                t = pool_tensor(st, o, s)
+                if k in self.copy_outputs:
+                    out.append(_copy(t))
+                else:
+                    made[o.index] = st
+                    rec.tensors[k] = weakref.ref(t)
+                    out.append(t)
+        args.clear()
+        for s, st in zip(rec.storages, made):
+            s.ref, s.owned = (StorageWeakRef(st), False) if st is not None else (None, True)
         return out
 
 
@@ -402,12 +438,12 @@ class CudaGraphRunner:
 EMULATE_ON_CPU = False
 
 
-def _drop_recording(rec: _Recording) -> None:
+def _drop_recording(rec: Recording) -> None:
     """Drop `rec` from its runner; outputs of it that are held are returned as copies from then on."""
-    runner, entry = rec.runner(), rec.entry()
-    if runner is not None and entry is not None and entry.recording is rec:
+    if rec.is_current():
+        runner = rec.runner()
         runner.copy_outputs.update(rec.held_outputs())
-        runner._drop(entry)
+        runner._drop(rec.entry())
 
 
 def capture_device_type(example_inputs) -> Optional[str]:

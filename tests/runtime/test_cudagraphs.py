@@ -367,3 +367,117 @@ def test_compiled_adamw_step_with_reduce_overhead(device):
         for k in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(opt.state[p][k], ref_opt.state[q][k], rtol=1e-5, atol=1e-7)
     assert ember.metrics.cudagraph_replays >= 4
+
+
+# -- memory: recordings do not own their outputs ------------------------------------------------------------
+
+def _pool_of(runner):
+    (entry,) = runner.sizes.values()
+    return entry.recording.pool
+
+
+def test_a_capture_goes_to_a_fresh_pool_while_replayed_outputs_are_alive():
+    a, b, c = _runner(lambda x: (x + 1,)), _runner(lambda x: (x * 3,)), _runner(lambda x: (x - 2,))
+    x = torch.randn(4)
+    a([x]), b([x])
+    kept = a([x])[0]                 # recorded: the capture's own tensor, which the allocator owns
+    b([x])
+    assert _pool_of(a) is _pool_of(b)
+    del kept
+    kept = a([x])[0]                 # replayed: a tensor over pool memory the allocator thinks is free
+    assert ember.metrics.cudagraph_output_copies == 0
+    c([x])
+    c([x])
+    assert _pool_of(c) is not _pool_of(a)
+    torch.testing.assert_close(kept, x + 1)
+    del kept
+    assert not _pool_of(a).dirty()
+
+
+def test_a_dropped_recording_stays_in_its_pool_while_its_outputs_are_alive():
+    a = _runner(lambda x: (x + 1,), static_inputs=[0])
+    x = torch.randn(4)
+    for _ in range(3):
+        out = a([x])[0]
+        del out
+    held = a([x])[0]
+    old = a.sizes[()].recording
+    pool = old.pool
+    for _ in range(3):               # a static input that moves three times is copied: the old one is dropped
+        x = torch.randn(4)
+        a([x])
+    assert a.sizes[()].recording is not old
+    assert old in pool.prune()       # its output is alive: the pool keeps it and checks it
+    del held
+    assert old not in pool.prune()
+
+
+def test_memory_let_go_at_a_capture_must_be_let_go_at_its_replays():
+    a, b = _runner(lambda x: (x + 1,)), _runner(lambda x: (x * 3,))
+    x = torch.randn(4)
+    for _ in range(2):               # warm-up, then record a then b, with a's output let go
+        a([x])
+        b([x])
+    (entry,) = b.sizes.values()
+    assert entry.recording.dead_before      # b may have placed its memory where a's output was
+    records = ember.metrics.cudagraph_records
+    kept = a([x])[0]                 # now a's output is alive when b replays: b is recorded anew
+    out = b([x])[0]
+    assert ember.metrics.cudagraph_records == records + 1
+    torch.testing.assert_close(kept, x + 1)
+    torch.testing.assert_close(out, x * 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pool's memory is the GPU's")
+def test_training_step_peak_memory_with_cuda_graphs_is_close_to_without(device):
+    if device != "cuda":
+        pytest.skip("real CUDA graphs")
+
+    def peak(mode):
+        torch.manual_seed(0)
+        layers = [m for _ in range(6) for m in (torch.nn.Linear(1024, 1024), torch.nn.GELU())]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 8)).to(device)
+        cm = torch.compile(model, backend="ember", mode=mode)
+        torch._dynamo.reset()
+        losses = []
+        for step in range(6):
+            if step == 4:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            x = torch.randn(4096, 1024, device=device)
+            loss = cm(x).pow(2).mean()
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(), losses
+
+    base, ref_losses = peak(None)
+    graphs, losses = peak("reduce-overhead")
+    assert ember.metrics.cudagraph_replays >= 6
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    assert graphs <= 1.1 * base, (graphs, base)
+
+
+def test_an_activation_held_past_the_backward_is_not_overwritten(device):
+    """The forward returns a tensor it also saves for the backward. While the program lets it go before the
+    backward, the backward's capture reuses its memory; once the program keeps it, that must not happen."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).to(device)
+
+    def f(x):
+        h = torch.tanh(lin(x))
+        return h, (h * h).sum()
+
+    cm = _compile(f)
+    for step in range(6):
+        x = torch.randn(32, 64, device=device)
+        h, loss = cm(x)
+        expected = torch.tanh(lin(x)).detach()
+        if step < 3:
+            del h
+            loss.backward()
+        else:
+            loss.backward()
+            torch.testing.assert_close(h.detach(), expected, rtol=1e-5, atol=1e-5)
+        lin.zero_grad(set_to_none=True)
