@@ -105,20 +105,19 @@ def test_layer_and_group_norm_training_gradients(device, dtype, norm, shape):
 
 def test_forward_rounding_written_in_the_model_stays(device):
     """`x.to(bfloat16).float()` whose widened value the forward reads is the program's rounding: the pass
-    leaves it, in the output and in what the backward reads."""
+    leaves it. The output is the rounding's error, zero had the rounding been dropped (Triton's
+    interpreter rounds by truncation, so its error is not eager's, only as large)."""
     def f(x, w):
-        y = (x * w).to(torch.bfloat16).float()
-        return y * y
+        y = x * w
+        return y.to(torch.bfloat16).float() - y
     x = torch.randn(64, 64, device=device) * 3
     w = torch.randn(64, device=device, requires_grad=True)
-    xs, ws = x.clone().requires_grad_(), w.detach().clone().requires_grad_()
-    expected = f(xs, ws)
-    expected.sum().backward()
-    xc, wc = x.clone().requires_grad_(), w.detach().clone().requires_grad_()
-    got = fresh_compile(f)(xc, wc)
+    got = fresh_compile(f)(x, w)
     got.sum().backward()
-    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(xc.grad, xs.grad, rtol=1e-5, atol=1e-5)
+    y = (x * w).detach()
+    assert (got != 0).float().mean() > 0.9
+    assert bool((got.abs() <= y.abs() * 2.0 ** -7).all())
+    torch.testing.assert_close(w.grad, torch.zeros_like(w), rtol=0, atol=1e-3)
 
 
 def test_pass_widens_only_the_saved_statistics(device, monkeypatch):
