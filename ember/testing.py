@@ -1,6 +1,8 @@
 """Helpers for tests (ember's and users'): compile with ember, compare with eager, outputs and grads."""
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -164,3 +166,32 @@ def cpu_allocations(fn) -> list:
     finally:
         os.remove(path)
     return [e["args"] for e in events]
+
+
+def module_step(module, x, grad_out, dtype, compiled: bool, train: bool) -> dict:
+    """A copy of `module` in `dtype` run on `x` (eager or compiled by ember), as float32 tensors by name:
+    the output and, where `train`, the input's and each parameter's gradient for the output gradient
+    `grad_out`, then the floating buffers (BatchNorm's running statistics)."""
+    m = copy.deepcopy(module).to(dtype).train(train)
+    xx = x.to(dtype).detach().clone().requires_grad_(train)
+    with torch.set_grad_enabled(train):
+        out = (fresh_compile(m) if compiled else m)(xx)
+    values = {"output": out}
+    if train:
+        out.backward(grad_out.to(dtype))
+        values["input grad"] = xx.grad
+        values.update({f"{n}.grad": p.grad for n, p in m.named_parameters()})
+    values.update({n: b for n, b in m.named_buffers() if b.is_floating_point()})
+    return {k: v.detach().float() for k, v in values.items()}
+
+
+def precision_runs(module, x, dtype, train: bool = True) -> tuple:
+    """(float32 reference, eager, ember) runs of `module` (module_step): the half-precision ones in
+    `dtype`, the reference in float32 from the same weights, input and output gradient, each first
+    rounded to `dtype`, so that the difference is the half-precision computation's alone."""
+    module = module.to(x.device).to(dtype).float()
+    x = x.to(dtype).float()
+    with torch.no_grad():
+        grad_out = torch.randn_like(copy.deepcopy(module).eval()(x)).to(dtype).float()
+    return tuple(module_step(module, x, grad_out, d, compiled, train)
+                 for d, compiled in ((torch.float32, False), (dtype, False), (dtype, True)))

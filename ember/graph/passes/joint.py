@@ -6,8 +6,9 @@ import torch.fx
 from ... import config
 from .attention import fuse_attention_joint
 from .common import dead_code_elimination, run_passes
+from .saved_precision import widen_saved_values
 
-PASSES: list = [fuse_attention_joint, dead_code_elimination]
+PASSES: list = [fuse_attention_joint, widen_saved_values, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
