@@ -12,11 +12,11 @@ SwiGLU MLP), a final RMSNorm, an LM head (untied unless `--tie`) and the cross-e
 
 Parallelism (`--parallel`, comma-separated, each run for every backend):
 - fsdp: `fully_shard` on each block and on the root over all ranks.
-- fsdp_tp: a 2-D mesh (dp, tp) (`--mesh DP,TP`; default TP = 2 when the world is 2, else TP = 2 and DP =
-  world / 2). Tensor parallelism with `parallelize_module`: q/k/v/gate/up colwise, o/down rowwise, the
-  embedding rowwise and the LM head colwise (logits gathered, replicated); `--sp` adds SequenceParallel on
-  the norms (the residual stream sharded along the sequence). Then `fully_shard` over the dp dimension
-  (also when dp is 1: the plan is the same on any number of GPUs).
+- fsdp_tp: a 2-D mesh (dp, tp) (`--mesh DP,TP`; default TP = 2, DP = world / 2: on 2 GPUs, 1 x 2).
+  Tensor parallelism with `parallelize_module`: q/k/v/gate/up colwise, o/down rowwise, the embedding
+  rowwise and the LM head colwise (logits gathered, replicated); `--sp` adds SequenceParallel on the norms
+  (the residual stream sharded along the sequence). Then `fully_shard` over the dp dimension (also when dp
+  is 1: the plan is the same on any number of GPUs).
 Compilation (`--compile`): `blocks` compiles each block in place (`block.compile(backend=...)`, the
 module form of torch.compile; FSDP2's hooks run eagerly around it), `whole` compiles the whole model.
 
