@@ -234,7 +234,7 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
             nodes = build_nodes(lowering.buffers)
             groups = Fusion(nodes, _nbytes(lowering)).run()
             if config.overlap_collectives:
-                groups = overlap_collectives(groups, _nbytes(lowering))
+                groups = overlap_collectives(groups)
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
         with profile.stage("code generation"):

@@ -18,16 +18,21 @@ bytes held by the collectives in flight are bounded by `config.overlap_memory_bu
     waits have made room (it is not eligible until then);
   - a collective larger than the whole budget is not hoisted (it is issued where the graph's order puts
     it) and is waited for right after it is issued.
-Every decision depends on the graph alone: sizes from the layouts, ties broken by the graph's order, no
-timings, no rank, no iteration over hashed collections whose order could differ between processes.
+Every decision depends on the graph alone: static sizes from the layouts (a collective holding a buffer of
+symbolic size counts as larger than the budget: its size hint is this rank's example, which other ranks
+need not share), ties broken by the graph's order, no timings, no rank, no iteration over hashed
+collections whose order could differ between processes.
 """
 from __future__ import annotations
 
 import heapq
 from typing import Callable, Optional
 
-from .. import config
+import sympy
+
+from .. import config, state
 from ..ir.collectives import CollectiveKernel, WaitKernel
+from ..ir.nodes import Layout
 
 ISSUE, FEEDS_ISSUE, OTHER, WAIT = range(4)
 
@@ -36,7 +41,19 @@ def _only(group, kind) -> bool:
     return len(group.nodes) == 1 and isinstance(group.nodes[0].buf, kind)
 
 
-def overlap_collectives(groups: list, nbytes: Callable[[str], int] = lambda name: 0,
+def static_nbytes(name: str) -> Optional[int]:
+    """The bytes of buffer `name` of the graph being compiled; None for a symbolic size, 0 for a name that
+    binds no memory of its own."""
+    graph = state.current_graph()
+    buf = graph.name_to_buffer.get(name, graph.graph_inputs.get(name))
+    layout = getattr(buf, "layout", None)
+    if not isinstance(layout, Layout):
+        return 0
+    size = sympy.sympify(layout.storage_size())
+    return int(size) * layout.dtype.itemsize if size.is_Integer else None
+
+
+def overlap_collectives(groups: list, nbytes: Callable[[str], Optional[int]] = static_nbytes,
                         budget: Optional[int] = None) -> list:
     """`groups` (fused groups in a valid execution order) reordered: collectives early, waits late, at
     most `budget` (default config.overlap_memory_budget_bytes) bytes in flight; `nbytes(buffer name)`."""
@@ -59,7 +76,7 @@ def overlap_collectives(groups: list, nbytes: Callable[[str], int] = lambda name
     for g in groups:
         if _only(g, WaitKernel) and g.nodes[0].buf.issued_by in issue_of:
             waits_of[issue_of[g.nodes[0].buf.issued_by]].append(g)
-    held_bytes = {c: _held_bytes(c, waits_of[c], nbytes) for c in issues}
+    held_bytes = {c: _held_bytes(c, waits_of[c], nbytes, budget) for c in issues}
     feeds = _ancestors(issues, preds)
 
     def priority(g) -> int:
@@ -110,12 +127,14 @@ def overlap_collectives(groups: list, nbytes: Callable[[str], int] = lambda name
     return order
 
 
-def _held_bytes(issue, waits: list, nbytes) -> int:
-    """Bytes a collective holds while in flight: its inputs and outputs (what its waits read and write)."""
+def _held_bytes(issue, waits: list, nbytes, budget: int) -> int:
+    """Bytes a collective holds while in flight: its inputs and outputs (what its waits read and write);
+    more than `budget` where one of them has a symbolic size."""
     names = set(issue.reads) | set(issue.writes)
     for w in waits:
         names |= w.reads | w.writes
-    return sum(nbytes(name) for name in sorted(names))
+    sizes = [nbytes(name) for name in sorted(names)]
+    return budget + 1 if None in sizes else sum(sizes)
 
 
 def _ancestors(groups: list, preds: dict) -> set:

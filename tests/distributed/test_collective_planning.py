@@ -206,6 +206,16 @@ def test_memory_budget_bounds_the_collectives_in_flight(programs, budget):
         assert all(work for _, _, work in spans), spans
 
 
+def test_a_collective_of_symbolic_size_is_waited_for_at_once(programs):
+    # its size hint is this rank's example, which other ranks need not share: not held in flight
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _three_all_reduces(x, y)
+    with ember.config.patch(collective_bucket_bytes=0):
+        assert_close(torch.compile(_three_all_reduces, backend="ember", dynamic=True)(x, y), expected)
+    spans = _in_flight(programs[0].lines)
+    assert len(spans) == 3 and all(j == i + 1 for i, j, _ in spans), spans
+
+
 # -- bucketing ---------------------------------------------------------------------------------------------
 
 def _traced(fn, *args):
