@@ -260,3 +260,17 @@ def test_bucketing_matches_op_and_respects_the_cap():
     assert _planned(_sums_and_max, x, y, cap=255) == []
     expected = _sums_and_max(x, y)
     assert_close(torch.compile(_sums_and_max, backend="ember")(x, y), expected)
+
+
+def test_a_graph_with_collectives_does_not_fall_back_on_one_rank_at_its_first_run():
+    # another rank would run the compiled graph: the failure is raised, not hidden by an eager run here
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    gm = _traced(_independent_work, x, y)
+    compiled = ember.compile_graph(gm, [x, y])
+
+    def fails(args):
+        raise RuntimeError("first run fails")
+    compiled.fn = fails
+    with ember.config.patch(fallback_on_error=True), pytest.raises(RuntimeError, match="first run fails"):
+        compiled([x, y])
+    assert ember.metrics.eager_fallbacks == 0
