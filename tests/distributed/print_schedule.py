@@ -24,7 +24,8 @@ if __name__ == "__main__":
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     args = [torch.randn(8, 16), torch.randn(4, 4), torch.randn(16, 16)]
     # a budget that holds some collectives in flight at once but not all, and buckets of two tensors
-    with ember.config.patch(overlap_memory_budget_bytes=3000, collective_bucket_bytes=1024, graph_cache=False):
+    with ember.config.patch(overlap_memory_budget_bytes=3000, collective_bucket_bytes=1024, graph_cache=False,
+                            wrapper="python"):
         compiled = ember.compile_graph(make_fx(collectives)(*args), args)
     print(compiled.source)
     dist.destroy_process_group()

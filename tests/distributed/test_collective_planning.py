@@ -248,6 +248,18 @@ def test_bucketing_closes_a_bucket_a_collective_depends_on():
     assert ember.metrics.collective_buckets == 1 and ember.metrics.collectives_bucketed == 3
 
 
+def _input_changed_between(x, y):
+    a = c10d.wait_tensor(c10d.all_reduce(x, "sum", _group()))
+    x.add_(1)
+    b = c10d.wait_tensor(c10d.all_reduce(y, "sum", _group()))
+    return a, b
+
+
+def test_bucketing_stops_at_a_mutation():
+    # merged, both all-reduces would read x after the add_
+    assert _planned(_input_changed_between, torch.randn(4, 8), torch.randn(4, 8)) == []
+
+
 def _sums_and_max(x, y):
     return [c10d.wait_tensor(c10d.all_reduce(v, op, _group())) for v, op in
             ((x * 2, "sum"), (y + 1, "sum"), (x.cos(), "max"), (y.t().contiguous(), "sum"), (x.sin(), "max"))]

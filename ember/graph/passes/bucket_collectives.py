@@ -18,7 +18,8 @@ device) up to `config.collective_bucket_bytes` of input. A collective that depen
 member of an open bucket closes that bucket first: merged, its members would wait for each other's inputs
 and outputs in a cycle. With that rule an edge between merged buckets always runs from the bucket whose
 last member is earlier to the one whose last member is later, so the merged graph has no cycle. Only a
-collective whose one user is its wait, on a tensor of static size, is bucketed. The decisions depend on the
+collective whose one user is its wait, on a tensor of static size, is bucketed; an op that mutates a
+tensor closes every open bucket (the merged collective reads its inputs where its last member stood). The decisions depend on the
 graph alone (its order and its values' sizes): every rank buckets alike.
 """
 from __future__ import annotations
@@ -48,6 +49,10 @@ def _is_collective(n: torch.fx.Node) -> bool:
         n.target is not torch.ops._c10d_functional.wait_tensor.default
 
 
+def _mutates(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+
+
 def _bucket_key(n: torch.fx.Node, kinds: dict):
     """(kind, matching arguments, dtype, device) and the input's bytes, or None if `n` is not bucketed."""
     if n.target not in kinds or n.kwargs or len(n.users) != 1:
@@ -74,6 +79,9 @@ def plan_buckets(gm: torch.fx.GraphModule, cap: int) -> list:
         mask = 0
         for a in n.all_input_nodes:
             mask |= upstream[a]
+        if _mutates(n):       # a bucket reads its inputs after its last member: none may change before
+            closed.extend(b[0] for b in open_buckets.values())
+            open_buckets.clear()
         if _is_collective(n):
             for key in [k for k, b in open_buckets.items() if b[1] & mask]:
                 closed.append(open_buckets.pop(key)[0])
