@@ -35,7 +35,7 @@ from .graph import decompose as decomp
 from .graph.passes import conv_layout, post_grad
 from .ir.symbolic import hint
 from .lowering.graph_lowering import GraphLowering
-from .runtime import graph_cache
+from .runtime import graph_cache, rank_agreement
 from .runtime.checks import EmberNanError
 from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraph_partition import compile_partitioned
@@ -66,6 +66,7 @@ class CompiledGraph:
         # ember's kernels alone runs the same in any mode
         self.calls_aten = calls_aten
         self.output_strides = ()   # where the forward's layouts were planned: its backward reads these
+        self.rank_local_fallback = True     # a failed first run may run eagerly on this rank alone
 
     def __call__(self, args):
         if self.checked:
@@ -77,7 +78,9 @@ class CompiledGraph:
             return out
         except Exception as e:
             # a NaN found by config.check_nans is what the user asked to see, and eager computes it too
-            if not config.fallback_on_error or isinstance(e, EmberNanError):
+            # ... and a graph with collectives: the failure is this rank's, and running eagerly here alone
+            # could change the sequence of collectives the ranks issue
+            if not config.fallback_on_error or isinstance(e, EmberNanError) or not self.rank_local_fallback:
                 raise
             _warn(f"ember: the compiled graph failed on its first run ({type(e).__name__}: {e}); "
                   f"running it eagerly from now on")
@@ -128,16 +131,30 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
     around what cannot be recorded (runtime/cudagraph_partition.py, which compiles each captured partition
     with its `static_inputs`: the indices of the inputs it reads in place)."""
     kind = "backward" if is_backward else ("inference" if is_inference else "forward")
+    # a graph with collectives: the ranks agree on compiling it or running it eagerly (runtime/rank_agreement.py)
+    groups = rank_agreement.collective_groups(gm)
+    given = rank_agreement.graph_as_given(gm) if groups else gm
     try:
-        return _compile(gm, list(example_inputs), kind,
-                        config.cudagraphs if cudagraphs is None else cudagraphs, static_inputs)
+        compiled = _compile(gm, list(example_inputs), kind,
+                            config.cudagraphs if cudagraphs is None else cudagraphs, static_inputs)
     except Exception as e:
-        msg = f"ember failed to compile a {kind} graph and will run it eagerly: {type(e).__name__}: {e}{_where(e)}"
-        if not config.fallback_on_error:
-            raise EmberCompileError(msg) from e
-        _warn(msg + "\n  (set ember.config.fallback_on_error = False to raise instead)")
-        metrics.eager_fallbacks += 1
-        return _eager(gm)
+        if groups:
+            rank_agreement.all_succeeded(False, groups)
+        return _fail(kind, e, given)
+    if groups and not rank_agreement.all_succeeded(True, groups):
+        return _fail(kind, EmberCompileError("another rank failed to compile it"), given)
+    if groups and isinstance(compiled, CompiledGraph):
+        compiled.rank_local_fallback = False
+    return compiled
+
+
+def _fail(kind: str, e: Exception, gm):
+    msg = f"ember failed to compile a {kind} graph and will run it eagerly: {type(e).__name__}: {e}{_where(e)}"
+    if not config.fallback_on_error:
+        raise EmberCompileError(msg) from e
+    _warn(msg + "\n  (set ember.config.fallback_on_error = False to raise instead)")
+    metrics.eager_fallbacks += 1
+    return _eager(gm)
 
 
 def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> CompiledGraph:

@@ -99,6 +99,14 @@ class Config:
     # Issue each collective as early as its inputs allow and wait for it just before its first reader, so
     # that compute overlaps communication (schedule/overlap.py).
     overlap_collectives: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_OVERLAP_COLLECTIVES", True))
+    # ... holding at most this many bytes of collectives' inputs and outputs in flight while other work runs:
+    # a collective that does not fit is issued later, one larger than it all is waited for at once.
+    overlap_memory_budget_bytes: int = dataclasses.field(
+        default_factory=lambda: int(os.environ.get("EMBER_OVERLAP_MEMORY_BUDGET_BYTES", 1 << 30)))
+    # Merge independent collectives of one kind and group into one of up to this many input bytes
+    # (graph/passes/bucket_collectives.py); 0 turns bucketing off.
+    collective_bucket_bytes: int = dataclasses.field(
+        default_factory=lambda: int(os.environ.get("EMBER_COLLECTIVE_BUCKET_BYTES", 25 << 20)))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Keep compiled graphs on disk (runtime/graph_cache.py) and reuse them in later processes: a graph

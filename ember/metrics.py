@@ -24,6 +24,8 @@ _COUNTS = {
     "graph_cache_misses": "graphs compiled while the graph cache was on",
     "template_kernels": "GEMM template kernels generated",
     "fused_epilogue_nodes": "pointwise nodes computed in a GEMM template's epilogue",
+    "collective_buckets": "buckets of collectives merged into one (graph/passes/bucket_collectives.py)",
+    "collectives_bucketed": "collectives merged into those buckets",
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
@@ -31,7 +33,7 @@ scatters_in_place = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
-template_kernels = fused_epilogue_nodes = 0
+template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 collectives: collections.Counter = collections.Counter()  # collective op name -> calls and waits compiled
@@ -40,7 +42,7 @@ compile_stage_seconds: collections.Counter = collections.Counter()   # ... per s
 # What the pipeline (lowering to code generation) counts: a graph cache hit adds what the compile it
 # replaces added.
 PIPELINE_COUNTERS = ("fallbacks", "collectives", "buffers_allocated", "in_place_buffers", "attention_rewrites",
-                     "scatters_in_place")
+                     "scatters_in_place", "collective_buckets", "collectives_bucketed")
 
 
 def reset() -> None:

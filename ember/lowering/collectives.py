@@ -27,14 +27,15 @@ COLLECTIVE_OPS = {
 }
 
 
-def _group_name(op, args, kwargs):
+def group_name(op, args, kwargs):
+    """The process group's name a collective call (`op` with `args`, `kwargs`) runs on."""
     names = [a.name for a in op._schema.arguments]
     i = names.index("group_name")
     return args[i] if i < len(args) else kwargs["group_name"]
 
 
 def _issue(op, in_place: bool, *args, **kwargs):
-    group = _group_name(op, args, kwargs)
+    group = group_name(op, args, kwargs)
 
     def build(name, layout, op_, ir_args, ir_kwargs, mutated):
         # an in-place collective's result is the buffer it writes (returned below): it binds nothing

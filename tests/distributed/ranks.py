@@ -213,7 +213,72 @@ def fsdp(rank, world):
             "params": per_block["params"] + whole["params"]}
 
 
-SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, sequence_parallel, ddp, ddp_compiled_autograd, fsdp)}
+def _bucketable(x, y, z):
+    """Collectives ember buckets: three all_reduces (sum; one of a transposed value), two all_gathers, two
+    reduce_scatters of different shapes; an all_reduce with another op, and one of a bucketed result."""
+    c10d, group = torch.ops._c10d_functional, dist.group.WORLD.group_name
+    wait = c10d.wait_tensor
+    a = wait(c10d.all_reduce(x * 2, "sum", group))
+    b = wait(c10d.all_reduce(y.t() + 1, "sum", group))
+    c = wait(c10d.all_reduce(z.sin(), "sum", group))
+    m = wait(c10d.all_reduce(x.cos(), "max", group))
+    g1 = wait(c10d.all_gather_into_tensor(y * 3, 2, group))
+    g2 = wait(c10d.all_gather_into_tensor(z[0] - 1, 2, group))
+    r1 = wait(c10d.reduce_scatter_tensor(x.relu(), "sum", 2, group))
+    r2 = wait(c10d.reduce_scatter_tensor(z.exp(), "sum", 2, group))
+    dependent = wait(c10d.all_reduce(a.sum(0) + b.sum(), "sum", group))
+    return a + 1, b, c, m, g1, g2 * 2, r1, r2, dependent
+
+
+def _bucketable_inputs(rank):
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(4, 8, generator=g), torch.randn(3, 5, generator=g), torch.randn(6, 2, 3, generator=g)
+
+
+def bucketed(rank, world):
+    """Independent collectives of one kind merged into one (the all_gather's and reduce_scatter's rank
+    layout in particular): eager's values on every rank."""
+    args = _bucketable_inputs(rank)
+    expected = _bucketable(*args)
+    with ember.config.patch(collective_bucket_bytes=1 << 20):
+        out = torch.compile(_bucketable, backend="ember")(*args)
+    return {"diff": max(_diff(a, b) for a, b in zip(out, expected))}
+
+
+def rank_agreement(rank, world):
+    """Rank 1 cannot compile a graph with collectives (its lowering of sin raises): both ranks run it
+    eagerly, each with one warning, and compute eager's values."""
+    import warnings
+    from ember.lowering import registry
+    args = _bucketable_inputs(rank)
+    expected = _bucketable(*args)
+    lowering = registry.lowerings[torch.ops.aten.sin.default]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("this rank's lowering of sin fails")
+    registry.lowerings[torch.ops.aten.sin.default] = broken if rank == 1 else lowering
+    try:
+        with ember.config.patch(fallback_on_error=True), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = torch.compile(_bucketable, backend="ember")(*args)
+    finally:
+        registry.lowerings[torch.ops.aten.sin.default] = lowering
+    return {"diff": max(_diff(a, b) for a, b in zip(out, expected)),
+            "warnings": [str(w.message) for w in caught if "ember" in str(w.message)]}
+
+
+def mismatched_shapes(rank, world):
+    """An all_reduce of 4 elements on rank 0 and 6 on rank 1: torch's error, not a hang."""
+    group = dist.group.WORLD.group_name
+
+    def f(x):
+        return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x * 2, "sum", group))
+    out = torch.compile(f, backend="ember")(torch.randn(4 if rank == 0 else 6))
+    return {"diff": float(out.sum())}
+
+
+SCENARIOS = {f.__name__: f for f in (funcol, tensor_parallel, sequence_parallel, ddp, ddp_compiled_autograd, fsdp,
+                                     bucketed, rank_agreement, mismatched_shapes)}
 
 
 def main(scenarios, rank, world, store, out):
@@ -230,7 +295,8 @@ def main(scenarios, rank, world, store, out):
         except Exception:
             result["error"] = traceback.format_exc()
         result.update(eager_fallbacks=ember.metrics.eager_fallbacks, graphs=ember.metrics.graphs_compiled,
-                      fallbacks=dict(ember.metrics.fallbacks), collectives=dict(ember.metrics.collectives))
+                      fallbacks=dict(ember.metrics.fallbacks), collectives=dict(ember.metrics.collectives),
+                      collectives_bucketed=ember.metrics.collectives_bucketed)
         if "error" in result:
             break           # the other rank may be waiting in a collective of this scenario: end both
     with open(out, "w") as f:

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 
@@ -47,13 +48,14 @@ def run_processes(commands: list, envs: list, timeout: float, what: str) -> list
     return [(p.returncode, log) for p, log in zip(procs, logs)]
 
 
-def run_script(script: str, args: list, world: int = 2, timeout: float = 240.0) -> list:
-    """A script launched as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT) -> [(code, output)]."""
+def run_script(script: str, args: list, world: int = 2, timeout: float = 240.0, env: Optional[dict] = None) -> list:
+    """A script launched as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT), with `env` added to the
+    environment -> [(code, output)]."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     envs = [_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for r in range(world)]
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env or {})) for r in range(world)]
     return run_processes([[sys.executable, script, *args]] * world, envs, timeout, script)
 
 

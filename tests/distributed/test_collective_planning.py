@@ -161,3 +161,128 @@ def test_a_graph_with_collectives_is_loaded_from_the_graph_cache(tmp_path, monke
     assert ember.metrics.graph_cache_misses == 1 and ember.metrics.graph_cache_hits == 1
     # a hit counts the collectives the compile it replaces counted
     assert ember.metrics.collectives[str(c10d.all_reduce.default)] == 2
+
+
+# -- the overlap pass's memory budget ----------------------------------------------------------------------
+
+def _three_all_reduces(x, y):
+    """Three independent all-reduces of 4 x 8 floats (each holds 256 bytes in flight: input and output) and
+    products that need none of them."""
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
+    b = c10d.wait_tensor(c10d.all_reduce(x + 1, "sum", _group()))
+    c = c10d.wait_tensor(c10d.all_reduce(x.cos(), "sum", _group()))
+    d = torch.mm(y, y).sin()
+    e = torch.mm(d, y).relu()
+    return a + b + c, e
+
+
+def _in_flight(lines) -> list:
+    """[(issue's position, its wait's position, whether any other call runs in between)] per collective."""
+    calls = [ln for ln in lines if isinstance(ln, (CallKernel, CallExtern))]
+    out = []
+    for i, ln in enumerate(calls):
+        if isinstance(ln, CallExtern) and ln.collective and ln.collective.kind == "issue":
+            j = next(j for j, w in enumerate(calls) if isinstance(w, CallExtern) and w.collective and
+                     w.collective.kind == "wait" and w.collective.issued_by == ln.name)
+            out.append((i, j, any(not (isinstance(c, CallExtern) and c.collective) for c in calls[i + 1:j])))
+    return out
+
+
+@pytest.mark.parametrize("budget", [1, 300, 1 << 30])
+def test_memory_budget_bounds_the_collectives_in_flight(programs, budget):
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _three_all_reduces(x, y)
+    with ember.config.patch(overlap_memory_budget_bytes=budget, collective_bucket_bytes=0):
+        assert_close(torch.compile(_three_all_reduces, backend="ember")(x, y), expected)
+    spans = _in_flight(programs[0].lines)
+    assert len(spans) == 3
+    if budget == 1:         # larger than the budget: each wait right after its issue, nothing in between
+        assert all(j == i + 1 for i, j, _ in spans), spans
+    elif budget == 300:     # one collective at a time, with compute while it is in flight
+        assert all(j1 < i2 for (_, j1, _), (i2, _, _) in zip(spans, spans[1:])), spans
+        assert any(work for _, _, work in spans), spans
+    else:                   # all three in flight together, over the products
+        assert max(i for i, _, _ in spans) < min(j for _, j, _ in spans), spans
+        assert all(work for _, _, work in spans), spans
+
+
+def test_a_collective_of_symbolic_size_is_waited_for_at_once(programs):
+    # its size hint is this rank's example, which other ranks need not share: not held in flight
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    expected = _three_all_reduces(x, y)
+    with ember.config.patch(collective_bucket_bytes=0):
+        assert_close(torch.compile(_three_all_reduces, backend="ember", dynamic=True)(x, y), expected)
+    spans = _in_flight(programs[0].lines)
+    assert len(spans) == 3 and all(j == i + 1 for i, j, _ in spans), spans
+
+
+# -- bucketing ---------------------------------------------------------------------------------------------
+
+def _traced(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(fn)(*args)
+
+
+def _planned(fn, *args, cap=1 << 20) -> list:
+    from ember.graph.passes.bucket_collectives import plan_buckets
+    return [[str(m.args[0]) for m in bucket] for bucket in plan_buckets(_traced(fn, *args), cap)]
+
+
+def _interleaved(x, y):
+    """all_reduce A, all_gather B of A's result, all_reduce C, all_gather D of C's result: bucketing {A, C}
+    and {B, D} would make each bucket wait for the other."""
+    a = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", _group()))
+    b = c10d.wait_tensor(c10d.all_gather_into_tensor(a + 1, 1, _group()))
+    c = c10d.wait_tensor(c10d.all_reduce(y * 3, "sum", _group()))
+    d = c10d.wait_tensor(c10d.all_gather_into_tensor(c - 1, 1, _group()))
+    e = c10d.wait_tensor(c10d.all_gather_into_tensor(y.sin(), 1, _group()))
+    return a, b, c, d, e
+
+
+def test_bucketing_closes_a_bucket_a_collective_depends_on():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    # B depends on A: A's bucket closes, C starts another; D and E join B's bucket (neither depends on B)
+    assert _planned(_interleaved, x, y) == [["add", "sub", "sin"]]
+    expected = _interleaved(x, y)
+    assert_close(torch.compile(_interleaved, backend="ember")(x, y), expected)
+    assert ember.metrics.collective_buckets == 1 and ember.metrics.collectives_bucketed == 3
+
+
+def _input_changed_between(x, y):
+    a = c10d.wait_tensor(c10d.all_reduce(x, "sum", _group()))
+    x.add_(1)
+    b = c10d.wait_tensor(c10d.all_reduce(y, "sum", _group()))
+    return a, b
+
+
+def test_bucketing_stops_at_a_mutation():
+    # merged, both all-reduces would read x after the add_
+    assert _planned(_input_changed_between, torch.randn(4, 8), torch.randn(4, 8)) == []
+
+
+def _sums_and_max(x, y):
+    return [c10d.wait_tensor(c10d.all_reduce(v, op, _group())) for v, op in
+            ((x * 2, "sum"), (y + 1, "sum"), (x.cos(), "max"), (y.t().contiguous(), "sum"), (x.sin(), "max"))]
+
+
+def test_bucketing_matches_op_and_respects_the_cap():
+    x, y = torch.randn(4, 8), torch.randn(8, 4)       # 128 bytes each
+    assert _planned(_sums_and_max, x, y) == [["mul", "add", "clone"], ["cos", "sin"]]
+    assert _planned(_sums_and_max, x, y, cap=256) == [["mul", "add"], ["cos", "sin"]]
+    assert _planned(_sums_and_max, x, y, cap=255) == []
+    expected = _sums_and_max(x, y)
+    assert_close(torch.compile(_sums_and_max, backend="ember")(x, y), expected)
+
+
+def test_a_graph_with_collectives_does_not_fall_back_on_one_rank_at_its_first_run():
+    # another rank would run the compiled graph: the failure is raised, not hidden by an eager run here
+    x, y = torch.randn(4, 8), torch.randn(16, 16)
+    gm = _traced(_independent_work, x, y)
+    compiled = ember.compile_graph(gm, [x, y])
+
+    def fails(args):
+        raise RuntimeError("first run fails")
+    compiled.fn = fails
+    with ember.config.patch(fallback_on_error=True), pytest.raises(RuntimeError, match="first run fails"):
+        compiled([x, y])
+    assert ember.metrics.eager_fallbacks == 0

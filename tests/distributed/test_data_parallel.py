@@ -31,6 +31,8 @@ def test_ddp_under_compiled_autograd_all_reduces_in_ember_graphs(results):
     _check(ranks)
     for r in ranks:
         assert r["collectives"].get("_c10d_functional.all_reduce.default", 0) > 0, r["collectives"]
+        # the four gradients' all-reduces are bucketed into one
+        assert r["collectives_bucketed"] == 4 and r["collectives"]["_c10d_functional.all_reduce.default"] == 1, r
 
 
 def test_fsdp2_blocks_train_as_eager(results):

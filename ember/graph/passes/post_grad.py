@@ -16,6 +16,7 @@ from ...device import backend_for
 from ..custom_ops import padded_mm, softmax_stats
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
+from .bucket_collectives import bucket_collectives
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 from .conv_layout import plan_conv_layouts
 
@@ -421,7 +422,8 @@ def _val(x):
 
 # attention first: it reads the softmax that online_softmax_stats rewrites
 PASSES: list = [fuse_attention_inference, remove_noop_casts, restore_multiply_adds, scatter_into_constant,
-                online_softmax_stats, unfuse_bias_addmm, pad_matmuls, plan_conv_layouts, dead_code_elimination]
+                online_softmax_stats, unfuse_bias_addmm, pad_matmuls, plan_conv_layouts, bucket_collectives,
+                dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
