@@ -9,9 +9,6 @@ pytestmark = requires_gloo
 
 
 def test_parallel_toolkit_example_passes():
-    # the example checks that ember's programs issue as many collectives as the joint graph holds, which
-    # bucketing changes: run without it until the example counts buckets (ember.metrics.collective_buckets)
-    done = run_script(os.path.join(ROOT, "examples", "parallel_toolkit.py"), ["--device", "cpu"],
-                      env={"EMBER_COLLECTIVE_BUCKET_BYTES": "0"})
+    done = run_script(os.path.join(ROOT, "examples", "parallel_toolkit.py"), ["--device", "cpu"])
     for r, (code, log) in enumerate(done):
         assert code == 0 and f"rank {r}: " in log and log.rstrip().endswith("PASS"), log[-4000:]
