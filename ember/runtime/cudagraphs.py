@@ -239,12 +239,13 @@ class CudaGraphRunner:
     them (module docstring)."""
 
     def __init__(self, fn: Callable, *, static_inputs=(), mutated=frozenset(), int_inputs=(), label="graph",
-                 capture_factory: Callable = CudaCapture, device="cpu"):
+                 capture_factory: Callable = CudaCapture, device="cpu", settling=()):
         self._boxed_call = True
         self.fn, self.label, self.capture_factory = fn, label, capture_factory
         self.pools = cudagraph_memory.pools[str(device)]
         self.static = frozenset(static_inputs)
         self.mutated = frozenset(mutated)
+        self.settling = frozenset(settling)       # inputs not copied for moving once after the warm-up
         self.int_inputs = tuple(int_inputs)       # the inputs that are sizes: one recording per value
         self.copied: set = set()                  # inputs copied into the recording's buffers
         self.moves: collections.Counter = collections.Counter()   # index -> times its address moved
@@ -332,9 +333,12 @@ class CudaGraphRunner:
 
     # -- recording -------------------------------------------------------------------------------------
     def _record(self, entry: _Sizes, args: list):
-        # an input that moved since the warm-up moves every call (a new batch, the previous token): copied
+        # an input that moved since the warm-up moves every call (a new batch, the previous token): copied;
+        # a backward's incoming gradients are read in place until they move again: the warm-up ran before
+        # any recording held memory, and in a steady loop the allocator then hands them the same block each
+        # step (copying them would cost a copy of the logits' gradient every step)
         self.copied.update(i for i, p in entry.warm_addresses.items()
-                           if args[i].data_ptr() != p and not self._recorded(args[i]))
+                           if args[i].data_ptr() != p and not self._recorded(args[i]) and i not in self.settling)
         entry.warm_addresses = {}
         # an input with overlapping elements (an expanded one) has no buffer of its strides to copy into:
         # it is read in place
@@ -488,7 +492,10 @@ def wrap(fn: Callable, gm: torch.fx.GraphModule, example_inputs, kind: str, stat
     int_inputs = [i for i, x in enumerate(example_inputs) if isinstance(x, (int, torch.SymInt))]
     device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "cuda"),
                   "cpu")
+    # a backward's other inputs are its incoming gradients (`static_input_indices`)
+    settling = [i for i in range(len(example_inputs)) if i not in static_inputs] if kind == "backward" else ()
     return CudaGraphRunner(fn, static_inputs=static_inputs, mutated=mutated_inputs(gm), int_inputs=int_inputs,
+                           settling=settling,
                            label=f"a {kind} graph", capture_factory=CudaCapture if device_type == "cuda"
                            else EmulatedCapture, device=device)
 

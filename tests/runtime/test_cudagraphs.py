@@ -481,3 +481,19 @@ def test_an_activation_held_past_the_backward_is_not_overwritten(device):
             loss.backward()
             torch.testing.assert_close(h.detach(), expected, rtol=1e-5, atol=1e-5)
         lin.zero_grad(set_to_none=True)
+
+
+def test_a_backward_gradient_that_moved_after_the_warm_up_is_read_in_place_until_it_moves_again():
+    r = _runner(lambda g, w: (g * w,), static_inputs=[1], settling=[0])
+    w = torch.randn(8)
+    r([torch.randn(8), w])                          # warm-up
+    g = torch.randn(8)                              # elsewhere from now on, as after the warm-up
+    for _ in range(3):
+        g.normal_()
+        torch.testing.assert_close(r([g, w])[0], g * w)
+    (entry,) = r.sizes.values()
+    assert not entry.recording.buffers and ember.metrics.cudagraph_records == 1
+    for _ in range(2):                              # it moves: copied from then on
+        g = torch.randn(8)
+        torch.testing.assert_close(r([g, w])[0], g * w)
+    assert r.copied == {0} and ember.metrics.cudagraph_records == 2
