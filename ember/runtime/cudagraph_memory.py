@@ -208,7 +208,11 @@ class Pool:
 
     def dirty(self) -> bool:
         """Whether a tensor a replay returned lives in the pool: the allocator does not know it is in use."""
-        return any(s.alive_unowned() for r in self.prune() for s in r.storages)
+        return bool(self.dirty_recordings())
+
+    def dirty_recordings(self) -> list:
+        """The recordings with tensors a replay returned alive."""
+        return [r for r in self.prune() if any(s.alive_unowned() for s in r.storages)]
 
     def memory_at_capture(self, call_args: list):
         """Before a capture: the earlier recordings' storages that are let go, and those that are alive, each

@@ -212,6 +212,7 @@ class _Sizes:
     warmed: bool = False
     warm_addresses: dict = dataclasses.field(default_factory=dict)   # input index -> data_ptr at the warm-up
     recording: Optional[Recording] = None
+    deferred: bool = False      # the last call ran uncaptured to let the pool's other recordings be redone
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -333,6 +334,23 @@ class CudaGraphRunner:
 
     # -- recording -------------------------------------------------------------------------------------
     def _record(self, entry: _Sizes, args: list):
+        dirty = self.pools.current.dirty_recordings()
+        if dirty and not entry.deferred:
+            # tensors earlier replays returned are alive (a forward's activations, when its backward must be
+            # recorded anew): a capture now could not reuse or even see their memory. This call runs
+            # uncaptured and those recordings are recorded anew at their next calls, with outputs the
+            # allocator owns, so that the graphs keep sharing one pool; if the pool is still dirty next time,
+            # the capture goes to a fresh pool
+            entry.deferred = True
+            pool = self.pools.current
+            # and the recordings after them, so that the pool's order stays the order the graphs run in
+            for rec in pool.recordings[pool.recordings.index(dirty[0]):]:
+                if rec.is_current():
+                    rec.runner()._drop(rec.entry())
+            log.debug("ember: %s runs uncaptured once; %d recordings of its pool are recorded anew",
+                      self.label, len(dirty))
+            return self.fn(args)
+        entry.deferred = False
         # an input that moved since the warm-up moves every call (a new batch, the previous token): copied;
         # a backward's incoming gradients are read in place until they move again: the warm-up ran before
         # any recording held memory, and in a steady loop the allocator then hands them the same block each

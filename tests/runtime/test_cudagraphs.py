@@ -301,11 +301,15 @@ def test_a_later_recordings_held_output_keeps_an_earlier_one_from_replaying():
     for step in range(2):                       # warm-up, then record a, then b
         torch.testing.assert_close(a([torch.ones(4)])[0], torch.full((4,), 2.0))
         torch.testing.assert_close(b([torch.ones(4)])[0], torch.full((4,), 3.0))
+    b_pool = _pool_of(b)
     held = b([torch.ones(4)])[0]                # b's output is held while a runs
-    a([torch.ones(4)])
+    torch.testing.assert_close(a([torch.ones(4)])[0], torch.full((4,), 2.0))
     assert b.copy_outputs == {0}
-    assert ember.metrics.cudagraph_records == 3  # b dropped, a recorded anew
-    assert b.sizes[()].recording is None
+    assert b.sizes[()].recording is None         # b dropped; a is recorded anew (in a fresh pool, as the
+    assert a.sizes[()].recording is None         # held output lies in the old one, after one uncaptured call)
+    torch.testing.assert_close(a([torch.ones(4)])[0], torch.full((4,), 2.0))
+    assert ember.metrics.cudagraph_records == 3
+    assert _pool_of(a) is not b_pool
     torch.testing.assert_close(held, torch.full((4,), 3.0))
     torch.testing.assert_close(b([torch.ones(4)])[0], torch.full((4,), 3.0))
     assert ember.metrics.cudagraph_records == 4
@@ -383,15 +387,18 @@ def test_a_capture_goes_to_a_fresh_pool_while_replayed_outputs_are_alive():
     kept = a([x])[0]                 # recorded: the capture's own tensor, which the allocator owns
     b([x])
     assert _pool_of(a) is _pool_of(b)
+    kept_pool = _pool_of(a)
     del kept
     kept = a([x])[0]                 # replayed: a tensor over pool memory the allocator thinks is free
     assert ember.metrics.cudagraph_output_copies == 0
-    c([x])
-    c([x])
-    assert _pool_of(c) is not _pool_of(a)
+    c([x])                           # warm-up
+    c([x])                           # runs uncaptured once, a to be recorded anew at its next call
+    assert not c.sizes[()].recording and not a.sizes[()].recording
+    torch.testing.assert_close(c([x])[0], x - 2)    # the pool is still dirty: c goes to a fresh one
+    assert _pool_of(c) is not kept_pool
     torch.testing.assert_close(kept, x + 1)
     del kept
-    assert not _pool_of(a).dirty()
+    assert not kept_pool.dirty()
 
 
 def test_a_dropped_recording_stays_in_its_pool_while_its_outputs_are_alive():
@@ -421,11 +428,16 @@ def test_memory_let_go_at_a_capture_must_be_let_go_at_its_replays():
     (entry,) = b.sizes.values()
     assert entry.recording.dead_before      # b may have placed its memory where a's output was
     records = ember.metrics.cudagraph_records
-    kept = a([x])[0]                 # now a's output is alive when b replays: b is recorded anew
-    out = b([x])[0]
-    assert ember.metrics.cudagraph_records == records + 1
+    kept = a([x])[0]                 # now a's output is alive when b replays: b is recorded anew, after
+    out = b([x])[0]                  # running uncaptured once while a is recorded anew with owned outputs
+    assert ember.metrics.cudagraph_records == records
     torch.testing.assert_close(kept, x + 1)
     torch.testing.assert_close(out, x * 3)
+    del kept, out
+    for _ in range(2):
+        torch.testing.assert_close(a([x])[0], x + 1)
+        torch.testing.assert_close(b([x])[0], x * 3)
+    assert ember.metrics.cudagraph_records == records + 2 and _pool_of(a) is _pool_of(b)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the pool's memory is the GPU's")
