@@ -161,6 +161,7 @@ class EmulatedCapture:
         self.fn = fn
         inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         self.outs = fn(args)
+        _collect_cycles()
         return [o if not isinstance(o, torch.Tensor) or o.untyped_storage().data_ptr() in inputs else _unowned(o)
                 for o in self.outs]
 
@@ -173,6 +174,16 @@ class EmulatedCapture:
             # as a CUDA graph writes them, unseen by autograd's version counters (`.data`)
             if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() not in inputs:
                 old.data.copy_(new)
+        _collect_cycles()
+
+
+def _collect_cycles() -> None:
+    """Free what the kernels just run left in reference cycles: Triton's interpreter (the CPU's "triton"
+    backend) keeps each launch's arguments in one until the cyclic collector runs, and a storage kept so
+    looks held to the runner."""
+    if config.cpu_backend == "triton":
+        import gc
+        gc.collect()
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -259,6 +270,8 @@ class CudaGraphRunner:
     def __call__(self, args: list):
         if self.disabled is not None:
             return self.fn(args)
+        if self.capture_factory is EmulatedCapture:
+            _collect_cycles()     # what uncaptured runs (a warm-up, eager code between graphs) left in cycles
         key = tuple(args[i] for i in self.int_inputs)
         entry = self.sizes.get(key)
         if entry is None:
