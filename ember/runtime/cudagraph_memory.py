@@ -18,15 +18,16 @@ That sharing is safe as long as each replay finds memory as its capture did. Per
 When a check fails the recording is captured anew, with the held memory left alone.
 
 A capture must see every tensor that lives in the pool as allocated. Tensors a replay returned are not
-owned by the allocator, so a pool where any of them is alive takes no more captures: the next capture
-goes to a fresh pool (`Pool.dirty`). A recording that is dropped while outputs of its replays are alive
-stays in its pool's list (`retired`): it keeps the pool's memory reserved and its outputs checked.
+owned by the allocator, so a pool where any of them is alive takes no capture (`Pool.dirty`): the runner
+runs uncaptured once and has those recordings redone with owned outputs, and if the pool is still dirty
+at its next call the capture goes to a fresh pool. A recording that is dropped while outputs of its
+replays are alive stays in its pool's list (`Pool.prune`): it keeps the pool's memory reserved and its
+outputs checked.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-import weakref
 from typing import Any, Optional
 
 import torch
@@ -77,9 +78,10 @@ def view_of(storage, view: tuple, device) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=device).set_(storage, offset, size, stride)
 
 
-def input_alias(a: torch.Tensor, out: "Output") -> Optional[torch.Tensor]:
-    """The output `out` over input `a`'s memory, placed relative to `a` as at the capture (its `view` holds
-    the byte distance from `a`'s first element); None where `a`'s storage does not hold it."""
+def alias_offset(a: torch.Tensor, out: "Output") -> Optional[int]:
+    """The storage offset, in elements, of the output `out` over input `a`'s memory, placed relative to `a`
+    as at the capture (its `view` holds the byte distance from `a`'s first element); None where `a`'s
+    storage does not hold it."""
     dtype, delta, size, stride = out.view
     st = a.untyped_storage()
     start = a.data_ptr() - st.data_ptr() + delta
@@ -87,9 +89,13 @@ def input_alias(a: torch.Tensor, out: "Output") -> Optional[torch.Tensor]:
     if start < 0 or start % itemsize:
         return None
     extent = (1 + sum((n - 1) * d for n, d in zip(size, stride))) * itemsize if all(size) else 0
-    if start + extent > st.nbytes():
-        return None
-    return view_of(st, (dtype, start // itemsize, size, stride), a.device)
+    return start // itemsize if start + extent <= st.nbytes() else None
+
+
+def input_alias(a: torch.Tensor, out: "Output") -> torch.Tensor:
+    """The output `out` over input `a`'s memory (`alias_offset` has found it fits)."""
+    dtype, _, size, stride = out.view
+    return view_of(a.untyped_storage(), (dtype, alias_offset(a, out), size, stride), a.device)
 
 
 def pool_tensor(storage, out: "Output", block: "PoolStorage") -> torch.Tensor:

@@ -45,14 +45,14 @@ import dataclasses
 import logging
 import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from .. import config, metrics
 from . import cudagraph_memory
-from .cudagraph_memory import (Pool, Recording, describe_outputs, input_alias, pool_tensor, settle_watches, view_of,
-                               view_spec)
+from .cudagraph_memory import (Pool, Recording, alias_offset, describe_outputs, input_alias, pool_tensor,
+                               settle_watches, view_of, view_spec)
 from torch.multiprocessing.reductions import StorageWeakRef
 
 log = logging.getLogger("ember.cudagraphs")
@@ -321,7 +321,7 @@ class CudaGraphRunner:
                     # an input that moves between calls is cheaper copied than recorded anew each time
                     self.copied.add(i)
         # an output over an input is placed relative to that input: its storage must still hold it
-        if any(o.kind == "arg" and input_alias(args[o.index], o) is None for o in rec.outputs):
+        if any(o.kind == "arg" and alias_offset(args[o.index], o) is None for o in rec.outputs):
             ok = False
         held = rec.held_outputs()
         self.copy_outputs.update(held)
