@@ -46,13 +46,15 @@ class PoolStorage:
     owned: bool = True                       # that storage is the allocator's (the capture's own tensor)
 
     def alive(self) -> bool:
-        return self.ref is not None and not self.ref.expired()
+        if self.ref is None:
+            return False
+        return _use_count(self.ref.cdata) > 0 if _use_count is not None else not self.ref.expired()
 
     def alive_unowned(self) -> bool:
         return not self.owned and self.alive()
 
     def use_count(self) -> int:
-        return _use_count(self.ref.cdata) if self.alive() else 0
+        return _use_count(self.ref.cdata) if self.ref is not None else 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -115,8 +117,8 @@ def view_spec(t: torch.Tensor) -> tuple:
 
 def describe_outputs(outs, in_place: dict, buffer_ptrs: set) -> tuple[list, list]:
     """The Output of each of a capture's outputs, and the pool storages they use. `in_place`: storage address
-    -> (index, tensor) of an input read in place; `buffer_ptrs`: the storage addresses of the copy-in
-    buffers."""
+    -> (index, data_ptr, weak reference to its storage) of an input read in place; `buffer_ptrs`: the
+    storage addresses of the copy-in buffers."""
     outputs, storages, index_of = [], [], {}
     for o in outs:
         if not isinstance(o, torch.Tensor) or o.untyped_storage().nbytes() == 0:
@@ -124,9 +126,9 @@ def describe_outputs(outs, in_place: dict, buffer_ptrs: set) -> tuple[list, list
             continue
         st = o.untyped_storage()
         ptr = st.data_ptr()
-        if ptr in in_place:
-            i, a = in_place[ptr]
-            outputs.append(Output("arg", index=i, view=(o.dtype, o.data_ptr() - a.data_ptr(), tuple(o.size()),
+        if ptr in in_place and not in_place[ptr][2].expired():
+            i, a_ptr, _ = in_place[ptr]
+            outputs.append(Output("arg", index=i, view=(o.dtype, o.data_ptr() - a_ptr, tuple(o.size()),
                                                         tuple(o.stride()))))
         elif ptr in buffer_ptrs:
             outputs.append(Output("buffer", o, watch=st._cdata if _use_count is not None else None))
@@ -156,15 +158,32 @@ class Recording:
     runner: Any = None         # weak references to the runner and its size entry that hold this recording
     entry: Any = None
     tensors: dict = dataclasses.field(default_factory=dict)      # output index -> weak reference to it
-    dead_before: list = dataclasses.field(default_factory=list)   # (recording, storage index)
+    dead_before: list = dataclasses.field(default_factory=list)   # (recording, its storage indices)
     # (recording, storage index, input indices, references besides the inputs' when captured): the
     # latter are torch's own (a storage's Python object, kept while the storage lives)
     consumed: list = dataclasses.field(default_factory=list)
+    # the weak references' handles of the storages out now: liveness of them all in one pass (`any_alive`),
+    # which every replay of every recording of the pool asks
+    out_refs: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.arg_outputs = [o for o in self.outputs if o.kind == "arg"]
+        # the outputs that share their storage with another: which of those the program holds is told by
+        # a weak reference to each (`held_outputs`)
+        per_storage = collections.Counter(o.index for o in self.outputs if o.kind == "pool")
+        self.shared_outputs = {k for k, o in enumerate(self.outputs) if o.kind == "pool" and per_storage[o.index] > 1}
+        self.watched_buffers = any(o.kind == "buffer" and o.watch is not None for o in self.outputs)
+
+    def storages_out(self) -> None:
+        """Take note of the storages now returned over the recording's memory (after a call)."""
+        self.out_refs = [s.ref.cdata for s in self.storages if s.ref is not None]
 
     def held_outputs(self) -> list:
         """The outputs something besides the recording still uses. Of several outputs over one storage, those
         whose tensors are alive (a saved activation that is also returned: the program holds the one it
         got, autograd the other's storage); all of them when none is (a view of one holds it)."""
+        if not self.watched_buffers and not self.any_alive():
+            return []
         held, on_storage = [], collections.defaultdict(list)
         for k, o in enumerate(self.outputs):
             if o.kind == "pool" and self.storages[o.index].alive():
@@ -177,16 +196,18 @@ class Recording:
         return sorted(held)
 
     def any_alive(self) -> bool:
+        if _use_count is not None:
+            return any(map(_use_count, self.out_refs))
         return any(s.alive() for s in self.storages)
 
     def memory_as_recorded(self, args: list) -> bool:
         """Whether earlier recordings' outputs are as this recording's capture found them (module docstring)."""
-        for rec, i in self.dead_before:
-            if rec.storages[i].alive():
+        for rec, indices in self.dead_before:
+            if rec.any_alive() and any(rec.storages[i].alive() for i in indices):
                 return False
         for rec, i, inputs, others in self.consumed:
-            st = rec.storages[i]
-            if st.alive() and st.use_count() - len({id(args[j]) for j in inputs}) > others:
+            uses = rec.storages[i].use_count()
+            if uses and uses - (len(inputs) if len(inputs) < 2 else len({id(args[j]) for j in inputs})) > others:
                 return False
         return True
 
@@ -218,7 +239,7 @@ class Pool:
 
     def dirty_recordings(self) -> list:
         """The recordings with tensors a replay returned alive."""
-        return [r for r in self.prune() if any(s.alive_unowned() for s in r.storages)]
+        return [r for r in self.prune() if r.any_alive() and any(s.alive_unowned() for s in r.storages)]
 
     def memory_at_capture(self, call_args: list):
         """Before a capture: the earlier recordings' storages that are let go, and those that are alive, each
@@ -229,12 +250,15 @@ class Pool:
                 by_ptr[a.untyped_storage().data_ptr()].append(i)
         dead, alive = [], []
         for r in self.prune():
+            dead_here = []
             for i, s in enumerate(r.storages):
                 if s.alive():
                     inputs = tuple(by_ptr.get(s.ptr, ()))
                     alive.append((r, i, inputs, s.use_count() - len({id(call_args[j]) for j in inputs})))
                 else:
-                    dead.append((r, i))
+                    dead_here.append(i)
+            if dead_here:
+                dead.append((r, dead_here))
         return dead, alive
 
 

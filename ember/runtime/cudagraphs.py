@@ -186,6 +186,9 @@ def _collect_cycles() -> None:
         gc.collect()
 
 
+_data_ptr = torch.Tensor.data_ptr
+
+
 def _copy(t: torch.Tensor) -> torch.Tensor:
     metrics.cudagraph_output_copies += 1
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
@@ -312,16 +315,15 @@ class CudaGraphRunner:
         return all(checks)
 
     def _can_replay(self, rec: Recording, args: list) -> bool:
-        ok = True
-        for i, ptr in rec.addresses.items():
+        ok = list(map(_data_ptr, map(args.__getitem__, rec.addresses))) == list(rec.addresses.values())
+        for i, ptr in () if ok else rec.addresses.items():
             if args[i].data_ptr() != ptr:
-                ok = False
                 self.moves[i] += 1
                 if i not in self.static and not self._recorded(args[i]) or self.moves[i] > 2:
                     # an input that moves between calls is cheaper copied than recorded anew each time
                     self.copied.add(i)
         # an output over an input is placed relative to that input: its storage must still hold it
-        if any(o.kind == "arg" and alias_offset(args[o.index], o) is None for o in rec.outputs):
+        if any(alias_offset(args[o.index], o) is None for o in rec.arg_outputs):
             ok = False
         held = rec.held_outputs()
         self.copy_outputs.update(held)
@@ -382,9 +384,10 @@ class CudaGraphRunner:
         # an output over a program's input (read in place) is the program's own memory, which no replay
         # overwrites behind its back; an output over one of the recording's buffers (a graph returns its
         # input: a forward saving it for its backward) is overwritten by the next call's copy-in, so it is
-        # watched as the graph's own outputs are
-        in_place = {a.untyped_storage().data_ptr(): (i, a) for i, a in enumerate(call_args)
-                    if isinstance(a, torch.Tensor) and i not in buffers}
+        # watched as the graph's own outputs are. The capture holds no input: an input it frees (a forward's
+        # activation, in a backward) lends its memory to what comes after, which is then not over the input
+        in_place = {a.untyped_storage().data_ptr(): (i, a.data_ptr(), StorageWeakRef(a.untyped_storage()))
+                    for i, a in enumerate(call_args) if isinstance(a, torch.Tensor) and i not in buffers}
         write_back = {i: args[i] for i in self.mutated.intersection(buffers)}
         pool = self.pools.for_capture()
         dead_before, alive_before = pool.memory_at_capture(call_args)
@@ -405,6 +408,7 @@ class CudaGraphRunner:
         rec = Recording(capture, addresses, buffers, outputs, storages, pool, weakref.ref(self), weakref.ref(entry))
         rec.dead_before = dead_before
         rec.consumed = [c for c in alive_before if not c[0].storages[c[1]].alive()]
+        rec.storages_out()
         ptrs = [s.ptr for s in storages]
         _recorded_storages.update(ptrs)
         weakref.finalize(rec, _forget_storages, ptrs)
@@ -444,28 +448,31 @@ class CudaGraphRunner:
         metrics.cudagraph_replays += 1
         made = [None] * len(rec.storages)
         out = []
+        copies, shared, storages = self.copy_outputs, rec.shared_outputs, rec.storages
         for k, o in enumerate(rec.outputs):
-            if o.kind == "value":
+            if o.kind == "pool":
+                st = made[o.index]
+                if st is None:
+                    s = storages[o.index]
+                    st = _unowned_storage(s.ptr, s.device, s.nbytes)
+                t = pool_tensor(st, o, storages[o.index])
+                if k in copies:
+                    out.append(_copy(t))
+                    continue
+                made[o.index] = st
+                if k in shared:
+                    rec.tensors[k] = weakref.ref(t)
+                out.append(t)
+            elif o.kind == "value":
                 out.append(o.value)
             elif o.kind == "buffer":
                 out.append(o.value.detach())
-            elif o.kind == "arg":
-                out.append(input_alias(args[o.index], o))
             else:
-                s = rec.storages[o.index]
-                st = made[o.index]
-                if st is None:
-                    st = _unowned_storage(s.ptr, s.device, s.nbytes)
-                t = pool_tensor(st, o, s)
-                if k in self.copy_outputs:
-                    out.append(_copy(t))
-                else:
-                    made[o.index] = st
-                    rec.tensors[k] = weakref.ref(t)
-                    out.append(t)
+                out.append(input_alias(args[o.index], o))
         args.clear()
         for s, st in zip(rec.storages, made):
             s.ref, s.owned = (StorageWeakRef(st), False) if st is not None else (None, True)
+        rec.storages_out()
         return out
 
 
