@@ -38,25 +38,17 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_symbols, free_unbacked_symbols
 
 from .. import config, metrics
-from .cudagraphs import _HOST_SYNC_OVERLOADS, capture_blockers, capture_device_type, static_input_indices
+from .cudagraphs import capture_blockers, capture_device_type, own_blockers, static_input_indices, values_of
 
 log = logging.getLogger("ember.cudagraphs")
 
 
-def _values(val) -> list:
-    return list(val) if isinstance(val, (tuple, list)) else [val]
-
-
 def node_blockers(n: torch.fx.Node, device_type: str) -> list[str]:
-    """Why node `n` cannot be recorded into a CUDA graph on `device_type` (empty: it can)."""
-    why = []
-    for v in _values(n.meta.get("val")):
-        if isinstance(v, torch.Tensor) and v.device.type != device_type:
-            why.append(f"{n.name} is a {v.device.type} tensor")
-        if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v):
-            why.append(f"{n.name} has a data-dependent size")
+    """Why node `n` cannot be recorded into a CUDA graph on `device_type` as part of a partition: its own
+    reasons, and what it reads (empty: it can)."""
+    why = own_blockers(n, device_type)
     for a in n.all_input_nodes:
-        for v in _values(a.meta.get("val")):
+        for v in values_of(a.meta.get("val")):
             if isinstance(v, torch.Tensor) and v.device.type != device_type:
                 why.append(f"{n.name} reads {a.name}, a {v.device.type} tensor")
             elif isinstance(v, torch.SymInt) and isinstance(v.node.expr, (sympy.Symbol, sympy.Integer)):
@@ -66,10 +58,6 @@ def node_blockers(n: torch.fx.Node, device_type: str) -> list[str]:
             elif isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) and \
                     free_unbacked_symbols(v):
                 why.append(f"{n.name} reads {a.name}, of a data-dependent value")
-    if n.target in _HOST_SYNC_OVERLOADS:
-        why.append(f"{n.name} ({n.target}) synchronizes with the host")
-    if torch.Tag.cudagraph_unsafe in getattr(n.target, "tags", ()):
-        why.append(f"{n.name} ({n.target}) is tagged cudagraph_unsafe")
     return why
 
 
@@ -131,7 +119,7 @@ def _hoisted(order: list, blocked: dict) -> list:
 
 def _does_tensor_work(n: torch.fx.Node) -> bool:
     return isinstance(n.target, torch._ops.OpOverload) and not n.target.is_view and \
-        any(isinstance(v, torch.Tensor) for v in _values(n.meta.get("val")))
+        any(isinstance(v, torch.Tensor) for v in values_of(n.meta.get("val")))
 
 
 def split_segments(gm: torch.fx.GraphModule, device_type: str) -> list[Segment]:
@@ -182,7 +170,7 @@ def _connect(gm: torch.fx.GraphModule, segments: list) -> None:
             # the sizes of what it reads decide the sizes of all it makes
             symbols = set()
             for a in list(inputs):
-                for v in _values(a.meta.get("val")):
+                for v in values_of(a.meta.get("val")):
                     if isinstance(v, (torch.Tensor, torch.SymInt)):
                         symbols |= free_symbols(v)
             for sym in sorted(symbols, key=str):
@@ -301,7 +289,7 @@ def compile_partitioned(gm: torch.fx.GraphModule, example_inputs: list, kind: st
         for n in s.outputs:
             slot[n] = len(slot)
         steps.append(_Step(fn, [slot[a] for a in s.inputs], [], [slot[n] for n in s.outputs]))
-    result = [slot[r] if isinstance(r, torch.fx.Node) else _Constant(r) for r in _values(output.args[0])]
+    result = [slot[r] if isinstance(r, torch.fx.Node) else _Constant(r) for r in values_of(output.args[0])]
     # each slot is let go by the last step that reads it; one no step reads (an input only returned, or
     # not used at all) is kept for the result or let go at once
     last: dict = {}

@@ -77,34 +77,36 @@ def _packets(ops) -> set:
 _HOST_SYNC_OVERLOADS = _packets(_HOST_SYNC)
 
 
+def values_of(val) -> list:
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def own_blockers(n: torch.fx.Node, device_type: str) -> list[str]:
+    """Why node `n` itself (what it computes, and its op) cannot be recorded into a CUDA graph on
+    `device_type` (empty: it can)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    why = []
+    for v in values_of(n.meta.get("val")):
+        if isinstance(v, torch.Tensor) and v.device.type != device_type:
+            why.append(f"{n.name} is a {v.device.type} tensor")
+        if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v):
+            why.append(f"{n.name} has a data-dependent size")
+    if n.op == "call_function":
+        if n.target in _HOST_SYNC_OVERLOADS:
+            why.append(f"{n.name} ({n.target}) synchronizes with the host")
+        unsafe = getattr(torch.Tag, "cudagraph_unsafe", None)
+        if unsafe is not None and unsafe in getattr(n.target, "tags", ()):
+            why.append(f"{n.name} ({n.target}) is tagged cudagraph_unsafe")
+    return why
+
+
 def capture_blockers(gm: torch.fx.GraphModule, device_type: str = "cuda") -> list[str]:
     """Why this graph cannot be recorded into a CUDA graph as a whole (empty: it can)."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    why: list[str] = []
-
-    def add(reason: str) -> None:
-        if reason not in why:
-            why.append(reason)
-
-    for n in gm.graph.nodes:
-        val = n.meta.get("val")
-        vals = val if isinstance(val, (tuple, list)) else [val]
-        for v in vals:
-            if isinstance(v, torch.Tensor) and v.device.type != device_type:
-                add(f"{n.name} is a {v.device.type} tensor")
-            if isinstance(v, (torch.Tensor, torch.SymInt)) and free_unbacked_symbols(v):
-                add(f"{n.name} has a data-dependent size")
-        if n.op != "call_function":
-            continue
-        if n.target in _HOST_SYNC_OVERLOADS:
-            add(f"{n.name} ({n.target}) synchronizes with the host")
-        tags = getattr(n.target, "tags", ())
-        if hasattr(torch.Tag, "cudagraph_unsafe") and torch.Tag.cudagraph_unsafe in tags:
-            add(f"{n.name} ({n.target}) is tagged cudagraph_unsafe")
+    why = list(dict.fromkeys(w for n in gm.graph.nodes for w in own_blockers(n, device_type)))
     if config.check_nans:
-        add("config.check_nans reads every output on the host")
+        why.append("config.check_nans reads every output on the host")
     if config.debug_sync:
-        add("config.debug_sync synchronizes after every call")
+        why.append("config.debug_sync synchronizes after every call")
     return why
 
 
