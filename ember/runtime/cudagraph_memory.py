@@ -167,6 +167,7 @@ class Recording:
     out_refs: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
+        self.address_indices, self.address_ptrs = tuple(self.addresses), list(self.addresses.values())
         self.arg_outputs = [o for o in self.outputs if o.kind == "arg"]
         # the outputs that share their storage with another: which of those the program holds is told by
         # a weak reference to each (`held_outputs`)

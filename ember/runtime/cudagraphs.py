@@ -317,7 +317,7 @@ class CudaGraphRunner:
         return all(checks)
 
     def _can_replay(self, rec: Recording, args: list) -> bool:
-        ok = list(map(_data_ptr, map(args.__getitem__, rec.addresses))) == list(rec.addresses.values())
+        ok = list(map(_data_ptr, map(args.__getitem__, rec.address_indices))) == rec.address_ptrs
         for i, ptr in () if ok else rec.addresses.items():
             if args[i].data_ptr() != ptr:
                 self.moves[i] += 1
