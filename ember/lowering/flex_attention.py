@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from .. import metrics, state
+from ..codegen.triton import flex_attention_backward as backward_kernels
 from ..codegen.triton.flex_attention import FlexProblem, RenderedMod, blocks, forward_source, supports_blocks
 from ..codegen.triton.heuristics import next_pow2
 from ..codegen.triton.flex_subgraph import SubgraphInputs, SubgraphRenderer, captured_base, lower_subgraph, render
@@ -30,6 +31,7 @@ log = logging.getLogger("ember.flex_attention")
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
+OPERANDS = ("q", "k", "v", "out", "do", "lse", "dlse")     # the stored tensors that are no BlockMask tensor
 
 
 def _wants_kernels(query) -> bool:
@@ -76,20 +78,27 @@ class BlockMaskArgs:
         return {n: _stored(self.tensors[n]) for n in names if self.tensors[n] is not None}
 
 
-def _render_mods(device, score_mod, mask_graph, score_captured, mask_captured, pointers) -> tuple:
-    """(rendered score_mod or None for the identity, rendered mask_mod) over the kernel's tile names."""
+def _render_mods(device, score_mod, mask_graph, joint_graph, score_captured, mask_captured, pointers) -> tuple:
+    """(rendered score_mod or None for the identity, rendered mask_mod, rendered joint graph's score gradient
+    or None without one) over the kernel's tile names."""
     inputs = SubgraphInputs(device, [])
     tile_mask = "tile_in"
-    score = None
+    score = joint = None
     if not _is_identity(score_mod):
         [out] = lower_subgraph(score_mod, [inputs.tile("score")] + inputs.index, score_captured)
         r = SubgraphRenderer("sm", pointers, tile_mask)
-        v = render(out, r)
-        score = RenderedMod(r.lines, _as_float(v))
+        score = RenderedMod(r.lines, _as_float(render(out, r)))
     [keep] = lower_subgraph(mask_graph, inputs.index, mask_captured)
     r = SubgraphRenderer("mm", pointers, tile_mask)
     mask = RenderedMod(r.lines, render(keep, r).name)
-    return score, mask
+    if joint_graph is not None:
+        grad, *rest = lower_subgraph(joint_graph, [inputs.tile("score")] + inputs.index + [inputs.tile("dpost")],
+                                     score_captured)
+        if any(x is not None for x in rest[4:]):
+            raise Unsupported("flex attention backward with gradients for captured tensors")
+        r = SubgraphRenderer("jg", pointers, tile_mask)
+        joint = RenderedMod(r.lines, _as_float(render(grad, r)))
+    return score, mask, joint
 
 
 def _as_float(v) -> str:
@@ -137,12 +146,14 @@ def check_shapes(q, k, v) -> tuple:
 
 
 def build_problem(q, k, v, score_mod, bm: BlockMaskArgs, scale, score_other, mask_other, stored: dict,
-                  has_max: bool):
-    """(FlexProblem without the strides of the outputs, the captured pointer buffers)."""
+                  has_max: bool, joint_graph=None):
+    """(FlexProblem without the strides of the outputs, the captured pointer buffers, the rendered joint graph
+    or None)."""
     B, Hq, M, D, Bkv, Hkv, N, Dv = check_shapes(q, k, v)
     s_cap, m_cap, pointers, bases = captured_inputs(score_other, mask_other)
     try:
-        score, mask = _render_mods(q.get_device(), score_mod, bm.mask_graph, s_cap, m_cap, pointers)
+        score, mask, joint = _render_mods(q.get_device(), score_mod, bm.mask_graph, joint_graph, s_cap, m_cap,
+                                          pointers)
     except Unsupported:
         raise
     except Exception as e:      # an op the renderer cannot spell: the ATen op is always right
@@ -151,12 +162,12 @@ def build_problem(q, k, v, score_mod, bm: BlockMaskArgs, scale, score_other, mas
     interpreted = bool(getattr(backend_for(q.get_device()), "interpreted", False))
     problem = FlexProblem(
         B, Hq, M, D, Bkv, Hkv, N, Dv, q.get_dtype(), float(scale),
-        {"q": _strides(stored["q"]), "k": _strides(stored["k"]), "v": _strides(stored["v"])},
-        bm.sparse_q, bm.sparse_kv, {n: _strides(x) for n, x in stored.items() if n not in ("q", "k", "v")},
+        {n: _strides(stored[n]) for n in OPERANDS if n in stored},
+        bm.sparse_q, bm.sparse_kv, {n: _strides(x) for n, x in stored.items() if n not in OPERANDS},
         "full_kv_num" in stored, score, mask, list(pointers.values()), has_max, interpreted)
     if not supports_blocks(problem):
         raise Unsupported("flex attention sparse block sizes")
-    return problem, bases
+    return problem, bases, joint
 
 
 def results(call: KernelCall, layouts: list) -> list:
@@ -190,15 +201,14 @@ def flex_attention(query, key, value, score_mod, block_mask, scale, kernel_optio
     mq, mk, mv = _metas(node, 3)
     stored = {"q": _stored(query, mq), "k": _stored(key, mk), "v": _stored(value, mv)}
     stored.update(bm.stored(("kv_num", "kv_idx", "full_kv_num", "full_kv_idx")))
-    problem, captured = build_problem(query, key, value, score_mod, bm, scale, score_mod_other_buffers,
+    problem, captured, _ = build_problem(query, key, value, score_mod, bm, scale, score_mod_other_buffers,
                                       mask_mod_other_buffers, stored, has_max=len(val) >= 3)
     layouts = [Layout.from_tensor(t) for t in val]
     problem.strides["out"] = _ints(layouts[0].stride)
     if _ints(layouts[1].stride) != [problem.Hq * problem.M, problem.M, 1]:
         raise Unsupported("flex attention logsumexp layout")
     block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted)
-    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4 if block_m * block_n <= 64 * 64 else 8,
-            "num_stages": 1 if problem.interpreted else 3}
+    meta = _launch_meta(problem, block_m, block_n)
     inputs = [stored["q"], stored["k"], stored["v"], stored["kv_num"], stored["kv_idx"]]
     if problem.has_full_kv:
         inputs += [stored["full_kv_num"], stored["full_kv_idx"]]
@@ -208,3 +218,56 @@ def flex_attention(query, key, value, score_mod, block_mask, scale, kernel_optio
                       [Launch(lambda name: forward_source(name, problem), grid, meta)])
     metrics.flex_attention_kernels += 1
     return tuple(results(call, layouts))
+
+
+def _launch_meta(problem: FlexProblem, block_m: int, block_n: int) -> dict:
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4 if block_m * block_n <= 64 * 64 else 8,
+            "num_stages": 1 if problem.interpreted else 3}
+
+
+@lower_higher_order(torch.ops.higher_order.flex_attention_backward)
+def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
+                            block_mask, scale, kernel_options, score_mod_other_buffers=(),
+                            mask_mod_other_buffers=()):
+    if not _wants_kernels(query):
+        raise Unsupported("flex attention kernels need the Triton backend")
+    node = state.current_graph().current_node
+    val = node.meta.get("val") if node is not None else None
+    if not isinstance(val, (list, tuple)) or len(val) < 3 or grad_out is None or joint_graph is None:
+        raise Unsupported("flex attention backward without fake outputs, output gradient or joint graph")
+    B, Hq, M, D, Bkv, Hkv, N, Dv = check_shapes(query, key, value)
+    if Bkv != B:
+        raise Unsupported("flex attention backward with a broadcast key/value batch")
+    bm = BlockMaskArgs(block_mask, M, N)
+    metas = _metas(node, 7)
+    stored = {n: _stored(x, m) for n, x, m in zip(("q", "k", "v", "out", "lse", "do"),
+                                                 (query, key, value, out, logsumexp, grad_out), metas)}
+    if grad_logsumexp is not None:
+        stored["dlse"] = _stored(grad_logsumexp, metas[6])
+    stored.update(bm.stored(backward_kernels.MASK_NAMES))
+    if "q_num" not in stored or "q_idx" not in stored:
+        raise Unsupported("flex attention backward without the BlockMask's q_num_blocks / q_indices")
+    problem, captured, joint = build_problem(query, key, value, fw_graph, bm, scale, score_mod_other_buffers,
+                                             mask_mod_other_buffers, stored, has_max=False, joint_graph=joint_graph)
+    for n in ("out", "do"):
+        if stored[n].layout.size != stored["q"].layout.size[:3] + [Dv]:
+            raise Unsupported("flex attention backward output shapes")
+    for n in ("lse", "dlse"):
+        if n in stored and _ints(stored[n].layout.stride) != [Hq * M, M, 1]:
+            raise Unsupported("flex attention backward logsumexp layout")
+    layouts = [Layout.from_tensor(t) for t in val[:3]]
+    problem.strides.update(dq=_ints(layouts[0].stride), dk=_ints(layouts[1].stride), dv=_ints(layouts[2].stride))
+    layouts.append(Layout.contiguous(query.get_device(), torch.float32, [B, Hq, M]))       # delta, scratch
+    block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted)
+    meta = _launch_meta(problem, block_m, block_n)
+    inputs = [stored[n] for n in ("q", "k", "v", "out", "do", "lse", "dlse") if n in stored]
+    inputs += [stored[n] for n in backward_kernels.MASK_NAMES if n in stored] + captured
+    has_dlse = "dlse" in stored
+    dq = Launch(lambda name: backward_kernels.dq_source(name, problem, joint, has_dlse),
+                [-(-M // block_m), B * Hq, 1], meta)
+    dkdv = Launch(lambda name: backward_kernels.dkdv_source(name, problem, joint, has_dlse),
+                  [-(-N // block_n), B * Hkv, 1], meta)
+    call = KernelCall("flex_attention_backward", query.get_device(), inputs, [dq, dkdv])
+    metrics.flex_attention_kernels += 1
+    dq_box, dk_box, dv_box, _ = results(call, layouts)
+    return dq_box, dk_box, dv_box, tuple(None for _ in score_mod_other_buffers)

@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ... import state
+from ...graph import decompose
 from ...ir.nodes import Buffer, Pointwise, ReinterpretView, TensorBox
 from ...ir.op_table import compute_dtype
 from ...ir.ops import handler, ops
@@ -92,6 +93,7 @@ def lower_subgraph(gm: torch.fx.GraphModule, leading: list, captured: list) -> l
     """The outputs of subgraph `gm` as 0-d TensorBoxes (None for a None output). `leading` are the values of
     its first placeholders (TensorBoxes or None where a placeholder is unused), `captured` the stored tensors
     bound to the rest. Raises Unsupported where a node has no lowering or the lowering stores anything."""
+    gm = _decomposed(gm)
     g = state.current_graph()
     before = len(g.buffers)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -110,6 +112,17 @@ def lower_subgraph(gm: torch.fx.GraphModule, leading: list, captured: list) -> l
         if o is not None and not (isinstance(o, TensorBox) and isinstance(o.data, Pointwise)):
             raise Unsupported("flex subgraph output is not elementwise")
     return outs
+
+
+def _decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The subgraph with ember's decompositions applied, as the main graph has them (a joint graph holds
+    backward ops such as tanh_backward that ember lowers only decomposed)."""
+    if not decompose.needs_decomposition(gm):
+        return gm
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        raise Unsupported("flex subgraph placeholders without example values")
+    return decompose.decompose(gm, vals)
 
 
 def _run_lowerings(gm, placeholders, values) -> list:
