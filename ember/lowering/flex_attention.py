@@ -78,25 +78,26 @@ class BlockMaskArgs:
         return {n: _stored(self.tensors[n]) for n in names if self.tensors[n] is not None}
 
 
-def _render_mods(device, score_mod, mask_graph, joint_graph, score_captured, mask_captured, pointers) -> tuple:
+def _render_mods(device, score_mod, mask_graph, joint_graph, score_captured, mask_captured, pointers,
+                 bases: list) -> tuple:
     """(rendered score_mod or None for the identity, rendered mask_mod, rendered joint graph's score gradient
-    or None without one) over the kernel's tile names."""
+    or None without one) over the kernel's tile names. Constants a subgraph reads join `pointers` and `bases`."""
     inputs = SubgraphInputs(device, [])
     tile_mask = "tile_in"
     score = joint = None
     if not _is_identity(score_mod):
         [out] = lower_subgraph(score_mod, [inputs.tile("score")] + inputs.index, score_captured)
-        r = SubgraphRenderer("sm", pointers, tile_mask)
+        r = SubgraphRenderer("sm", pointers, tile_mask, bases)
         score = RenderedMod(r.lines, _as_float(render(out, r)))
     [keep] = lower_subgraph(mask_graph, inputs.index, mask_captured)
-    r = SubgraphRenderer("mm", pointers, tile_mask)
+    r = SubgraphRenderer("mm", pointers, tile_mask, bases)
     mask = RenderedMod(r.lines, render(keep, r).name)
     if joint_graph is not None:
         grad, *rest = lower_subgraph(joint_graph, [inputs.tile("score")] + inputs.index + [inputs.tile("dpost")],
                                      score_captured)
         if any(x is not None for x in rest[4:]):
             raise Unsupported("flex attention backward with gradients for captured tensors")
-        r = SubgraphRenderer("jg", pointers, tile_mask)
+        r = SubgraphRenderer("jg", pointers, tile_mask, bases)
         joint = RenderedMod(r.lines, _as_float(render(grad, r)))
     return score, mask, joint
 
@@ -153,7 +154,7 @@ def build_problem(q, k, v, score_mod, bm: BlockMaskArgs, scale, score_other, mas
     s_cap, m_cap, pointers, bases = captured_inputs(score_other, mask_other)
     try:
         score, mask, joint = _render_mods(q.get_device(), score_mod, bm.mask_graph, joint_graph, s_cap, m_cap,
-                                          pointers)
+                                          pointers, bases)
     except Unsupported:
         raise
     except Exception as e:      # an op the renderer cannot spell: the ATen op is always right

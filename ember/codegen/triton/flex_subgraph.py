@@ -19,7 +19,7 @@ import torch.fx
 
 from ... import state
 from ...graph import decompose
-from ...ir.nodes import Buffer, Pointwise, ReinterpretView, TensorBox
+from ...ir.nodes import Buffer, ConstantBuffer, Layout, Pointwise, ReinterpretView, TensorBox
 from ...ir.op_table import compute_dtype
 from ...ir.ops import handler, ops
 from ...lowering.registry import Unsupported, get_lowering
@@ -36,20 +36,26 @@ class _TileValue:
 
 class SubgraphRenderer(TritonSpelling):
     """An ops handler that writes one Triton line per op into `lines` and returns KValues. Loads read the
-    captured tensors through the pointer parameters `pointers` names (buffer name -> parameter), masked
-    with `mask` (the tile's in-bounds elements), so a tail row or column never reads out of bounds."""
+    captured tensors through the pointer parameters `pointers` names (buffer name -> parameter; `bases` the
+    buffers, in parameter order; a constant the subgraph reads is added to both), masked with `mask` (the
+    tile's in-bounds elements), so a tail row or column never reads out of bounds."""
 
-    def __init__(self, prefix: str, pointers: dict, mask: str):
-        self.prefix, self.pointers, self.mask = prefix, pointers, mask
+    def __init__(self, prefix: str, pointers: dict, mask: str, bases: list):
+        self.prefix, self.pointers, self.mask, self.bases = prefix, pointers, mask, bases
         self.lines: list[str] = []
         self.count = 0
         self.graph = state.current_graph()
+        # symbols whose value differs across the tile (the rest are one value per program)
+        self.tile_symbols = {s.name for s in INDEX_SYMBOLS[2:]}
 
     def _value(self, expr, dtype, kind, operands, costly) -> KValue:
         name = f"{self.prefix}{self.count}"
         self.count += 1
         self.lines.append(f"{name} = {expr}")
         return KValue(name, dtype, kind)
+
+    def _kind(self, index) -> str:
+        return "x" if any(s.name in self.tile_symbols for s in sympy.sympify(index).free_symbols) else "scalar"
 
     def tile_value(self, name: str, dtype) -> KValue:
         return KValue(name, dtype, "x")
@@ -58,22 +64,34 @@ class SubgraphRenderer(TritonSpelling):
         expr = sympy.sympify(expr)
         if expr.is_Integer:
             return self.constant(int(expr), dtype)
-        return self._value(f"({print_index(expr)}).to({triton_type(dtype)})", dtype, "x", (), False)
+        return self._value(f"({print_index(expr)}).to({triton_type(dtype)})", dtype, self._kind(expr), (), False)
 
     def indirect_indexing(self, value: KValue, size, check=True):
-        v = self._value(f"tl.where({value} < 0, {value} + {print_index(size)}, {value})", value.dtype, "x", (), False)
+        v = self._value(f"tl.where({value} < 0, {value} + {print_index(size)}, {value})", value.dtype,
+                        value.kind, (), False)
+        if v.kind == "x":
+            self.tile_symbols.add(v.name)
         return sympy.Symbol(v.name, integer=True, nonnegative=True)
 
     def load(self, name: str, index):
         if name not in self.pointers:
-            raise Unsupported(f"flex subgraph reads {name}, which is no captured tensor")
+            buf = self.graph.graph_inputs.get(name)
+            if not isinstance(buf, ConstantBuffer):
+                raise Unsupported(f"flex subgraph reads {name}, which is no captured tensor")
+            self.pointers[name] = f"CAP{len(self.pointers)}"
+            self.bases.append(buf)
         dtype = self.graph.get_dtype(name)
-        expr = f"tl.load({self.pointers[name]} + ({print_index(sympy.sympify(index))}), {self.mask}, other=0)"
+        index = sympy.sympify(index)
+        kind = self._kind(index)
+        # an element per tile position is read where the position is inside the sequences; one element per
+        # program (a per-head slope) is read unmasked, by a scalar pointer
+        mask = f", {self.mask}, other=0" if kind == "x" else ""
+        expr = f"tl.load({self.pointers[name]} + ({print_index(index)}){mask})"
         if dtype == torch.bool:
             expr += ".to(tl.int1)"
         elif compute_dtype(dtype) != dtype:
             expr += f".to({triton_type(compute_dtype(dtype))})"
-        return self._value(expr, compute_dtype(dtype), "x", (), False)
+        return self._value(expr, compute_dtype(dtype), kind, (), False)
 
     def __getattr__(self, name):
         if name in ("store", "store_reduction", "reduction", "scan", "rand", "randn", "randint64"):
@@ -125,6 +143,20 @@ def _decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return decompose.decompose(gm, vals)
 
 
+def _constant(gm, target: str) -> TensorBox:
+    """A tensor the subgraph holds as an attribute (a mask_mod's closure, where nothing lifted it into the
+    HOP's arguments): a constant of the graph being lowered, read by the kernel through a pointer."""
+    value = getattr(gm, target)
+    if not isinstance(value, torch.Tensor):
+        raise Unsupported("flex subgraph attribute that is not a tensor")
+    g = state.current_graph()
+    name = f"flex_constant{len(g.constants)}"
+    g.constants[name] = value
+    buf = ConstantBuffer(name, Layout.from_tensor(value), value)
+    g.graph_inputs[name] = buf
+    return TensorBox(buf)
+
+
 def _run_lowerings(gm, placeholders, values) -> list:
     env: dict = {}
     result = None
@@ -140,6 +172,8 @@ def _run_lowerings(gm, placeholders, values) -> list:
             if lowering is None:
                 raise Unsupported(f"flex subgraph op {n.target} has no lowering")
             env[n] = lowering(*args, **kwargs)
+        elif n.op == "get_attr":
+            env[n] = _constant(gm, n.target)
         elif n.op == "output":
             result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
         else:
