@@ -23,7 +23,7 @@ from ..codegen.triton.heuristics import next_pow2
 from ..codegen.triton.flex_subgraph import SubgraphInputs, SubgraphRenderer, captured_base, lower_subgraph, render
 from ..device import backend_for
 from ..ir.kernel_call import KernelCall, Launch
-from ..ir.nodes import Buffer, Layout, MultiOutput, ReinterpretView, TensorBox
+from ..ir.nodes import Layout, MultiOutput, TensorBox
 from .fallback import realize_arg
 from .registry import Unsupported, lower_higher_order
 
@@ -54,7 +54,7 @@ def _stored(box, meta=None):
     return x
 
 
-def _strides(x, broadcast_dims=()) -> list[int]:
+def _strides(x) -> list[int]:
     """x's strides, 0 along a dimension of size 1 (so indexing it by a batch or head broadcasts)."""
     return [0 if int(n) == 1 else int(s) for n, s in zip(x.layout.size, x.layout.stride)]
 
@@ -259,7 +259,7 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
     layouts = [Layout.from_tensor(t) for t in val[:3]]
     problem.strides.update(dq=_ints(layouts[0].stride), dk=_ints(layouts[1].stride), dv=_ints(layouts[2].stride))
     layouts.append(Layout.contiguous(query.get_device(), torch.float32, [B, Hq, M]))       # delta, scratch
-    block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted)
+    block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted, backward=True)
     meta = _launch_meta(problem, block_m, block_n)
     inputs = [stored[n] for n in ("q", "k", "v", "out", "do", "lse", "dlse") if n in stored]
     inputs += [stored[n] for n in backward_kernels.MASK_NAMES if n in stored] + captured

@@ -71,9 +71,15 @@ class FlexProblem:
         return max(16, next_pow2(self.Dv))
 
 
-def blocks(problem: FlexProblem, options: dict, interpreted: bool) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): kernel_options' where they divide the sparse blocks, else a default that does."""
-    default_m, default_n = (32, 32) if interpreted else (128, 64 if problem.d_pad <= 64 else 32)
+def blocks(problem: FlexProblem, options: dict, interpreted: bool, backward: bool = False) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N): kernel_options' where they divide the sparse blocks, else a default that does. The
+    backward's programs hold four tiles of a key block and two of a query block: smaller blocks."""
+    if interpreted:
+        default_m, default_n = 32, 32
+    elif backward:
+        default_m, default_n = (64 if problem.d_pad <= 64 else 32), 64
+    else:
+        default_m, default_n = 128, (64 if problem.d_pad <= 64 else 32)
     bm = int(options.get("BLOCK_M", default_m))
     bn = int(options.get("BLOCK_N", default_n))
     bm = _fit(bm, problem.sparse_q, problem.M)
@@ -107,7 +113,7 @@ def common_prologue(p: FlexProblem) -> list[str]:
         "bh = tl.program_id(1)",
         f"flex_b = bh // {p.Hq}",
         f"flex_h = bh % {p.Hq}",
-        f"kv_b = flex_b" if p.Bkv > 1 else "kv_b = 0",
+        "kv_b = flex_b" if p.Bkv > 1 else "kv_b = 0",
         f"kv_h = flex_h // {p.gqa}",
     ]
 
@@ -223,4 +229,8 @@ def forward_source(name: str, p: FlexProblem) -> str:
     ]
     if p.has_max:
         body.append(f"tl.store(MAXS + {row_base} + offs_m, m_i, mask=row_in)")
+    return kernel_source(name, params, body)
+
+
+def kernel_source(name: str, params: list, body: list) -> str:
     return "\n".join(["@triton.jit", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in body]) + "\n"

@@ -14,7 +14,8 @@ it into the gradient of the scaled score, `ds`, times the scale, 0 where masked.
 """
 from __future__ import annotations
 
-from .flex_attention import FlexProblem, RenderedMod, _ptr, block_loop, common_prologue, dot, score_lines
+from .flex_attention import (FlexProblem, RenderedMod, _ptr, block_loop, common_prologue, dot, kernel_source,
+                             score_lines)
 from .spelling import triton_type
 
 # the kernels' pointer parameters, in call order (captured tensors between the inputs and the results)
@@ -64,7 +65,7 @@ def dq_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -> 
     dv_mask = f"row_in[:, None] & (offs_dv < {p.Dv})[None, :]"
 
     def step(masked):
-        return [f"offs_n = start + tl.arange(0, BLOCK_N)",
+        return ["offs_n = start + tl.arange(0, BLOCK_N)",
                 "flex_kv_idx = offs_n[None, :]",
                 f"tile_in = row_in[:, None] & (offs_n < {p.N})[None, :]",
                 f"kb = tl.load({k_ptr}, mask=(offs_n < {p.N})[:, None] & (offs_d < {p.D})[None, :], other=0.0)",
@@ -98,7 +99,7 @@ def dq_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -> 
     if p.has_full_kv:
         body += block_loop(p, "full_kv", "sparse_row", step(False), p.sparse_kv, "kv")
     body.append(f"tl.store({dq_ptr}, dq.to({triton_type(p.dtype)}), mask=row_in[:, None] & (offs_d < {p.D})[None, :])")
-    return _kernel(name, params(p, has_dlse), body)
+    return kernel_source(name, params(p, has_dlse), body)
 
 
 def dkdv_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -> str:
@@ -111,7 +112,7 @@ def dkdv_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -
     do_ptr = _ptr("DO", s["do"], ["flex_b", "flex_h", "offs_m[:, None]", "offs_dv[None, :]"])
 
     def step(masked):
-        return [f"offs_m = start + tl.arange(0, BLOCK_M)",
+        return ["offs_m = start + tl.arange(0, BLOCK_M)",
                 f"row_in = offs_m < {p.M}",
                 "flex_q_idx = offs_m[:, None]",
                 "tile_in = row_in[:, None] & col_in[None, :]",
@@ -148,9 +149,5 @@ def dkdv_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -
     body += ["    " + ln for ln in loops]
     body += [f"tl.store({dk_ptr}, dk.to({triton_type(p.dtype)}), mask=col_in[:, None] & (offs_d < {p.D})[None, :])",
              f"tl.store({dv_ptr}, dv.to({triton_type(p.dtype)}), mask=col_in[:, None] & (offs_dv < {p.Dv})[None, :])"]
-    return _kernel(name, params(p, has_dlse), body)
-
-
-def _kernel(name: str, params: list, body: list) -> str:
-    return "\n".join(["@triton.jit", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in body]) + "\n"
+    return kernel_source(name, params(p, has_dlse), body)
 
