@@ -12,6 +12,7 @@ from torch._library.fake_class_registry import FakeScriptObject
 
 from .. import config, metrics
 from ..ir.collectives import CollectiveKernel, WaitKernel, issuing_collective
+from ..ir.kernel_call import KernelCall, is_kernel_call_result
 from ..ir.nodes import (Buffer, ConstantBuffer, ExternKernel, InputBuffer, MultiOutput,
                         MutationBuffer, ReinterpretView)
 from ..ir.symbolic import sympify
@@ -22,7 +23,7 @@ from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
 from .traffic import extern_bytes, kernel_bytes
-from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Collective, Free, MultiOutputLine, Name,
+from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Collective, DefineKernel, Free, MultiOutputLine, Name,
                             ProfiledCall, Return, Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
@@ -198,6 +199,11 @@ class ProgramBuilder:
         return Name(name)
 
     def _extern(self, buf):
+        if isinstance(buf, KernelCall):
+            self._kernel_call(buf)
+            return
+        if is_kernel_call_result(buf):       # allocated and written by its KernelCall's launches
+            return
         if isinstance(buf, MultiOutput):
             self.allocated.add(buf.get_name())
             self.lines.append(MultiOutputLine(buf.get_name(), buf.parent.get_name(), buf.path))
@@ -231,6 +237,19 @@ class ProgramBuilder:
             self.lines.append(Free([f"view{i}" for i in range(first_view, self.views + 1)]))
         self._bind_output_symbols(buf)
         self._check(buf)
+
+    def _kernel_call(self, buf: KernelCall):
+        """Allocate the results, then define and launch each kernel with the inputs and results."""
+        for r in buf.results:
+            self._allocate(r)
+        backend = backend_for(buf.get_device())
+        args = [self._arg(a) for a in buf.args] + [Name(r.get_name()) for r in buf.results]
+        for launch in buf.launches:
+            name = f"kernel{self.kernel_count}"
+            self.kernel_count += 1
+            source = launch.source(name)
+            self.lines.append(DefineKernel(name, source, backend, None, None, buf.get_device(), None))
+            self.lines.append(CallKernel(name, list(args), list(launch.grid), dict(launch.meta)))
 
     def _profiled(self, call, moved: tuple) -> ProfiledCall:
         self.profiled += 1

@@ -200,6 +200,12 @@ class GraphLowering(torch.fx.Interpreter):
                     pass
             return fallback(target, args, kwargs, self.current_node)
         if isinstance(target, torch._ops.HigherOrderOperator):
+            lowering = get_lowering(target)
+            if lowering is not None:
+                try:
+                    return lowering(*args, **kwargs)
+                except Unsupported:
+                    pass
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
             return target(*args)

@@ -25,6 +25,14 @@ def _overloads(op):
     return [op]
 
 
+def lower_higher_order(op) -> Callable:
+    """Register a lowering of a higher-order op (no decomposition to publish)."""
+    def register(fn):
+        lowerings[op] = fn
+        return fn
+    return register
+
+
 def lower(*ops) -> Callable:
     def register(fn):
         for op in ops:
@@ -41,5 +49,5 @@ def get_lowering(target):
 
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
-    from . import (collectives, concat, creation, fallback, indexing, matmul, mutation, pointwise,  # noqa: F401
-                   pooling, random, reductions, scan, scatter, upsample, views)
+    from . import (collectives, concat, creation, fallback, flex_attention, indexing, matmul,  # noqa: F401
+                   mutation, pointwise, pooling, random, reductions, scan, scatter, upsample, views)
