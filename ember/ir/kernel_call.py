@@ -1,5 +1,6 @@
 """KernelCall: a node the wrapper runs as kernels ember wrote for it alone (FlexAttention's forward and
-backward: codegen/triton/flex_attention*.py), rather than as an ATen call or a fused group.
+backward), rather than as an ATen call or a fused group; and FlexAttentionSpec, the plain description of one
+FlexAttention call from which a backend writes those kernels.
 
 It is an ExternKernel to the scheduler and the memory planner (never fused, reads its `args`, results
 are its MultiOutputs), so nothing there changes. The program builder (codegen/program.py) allocates each
@@ -9,9 +10,12 @@ arguments: a DefineKernel and a CallKernel per launch, the lines any generated k
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
-from .nodes import ExternKernel, MultiOutput
+import torch
+import torch.fx
+
+from .nodes import ExternKernel, Layout, MultiOutput
 
 
 @dataclasses.dataclass
@@ -35,3 +39,30 @@ class KernelCall(ExternKernel):
 
 def is_kernel_call_result(buf) -> bool:
     return isinstance(buf, MultiOutput) and isinstance(buf.parent, KernelCall)
+
+
+@dataclasses.dataclass
+class FlexAttentionSpec:
+    """One call of FlexAttention's forward or backward HOP, validated and with its tensor arguments stored
+    (lowering/flex_attention.py), for a backend's `flex_attention_launches(spec)` (the Triton backend's:
+    codegen/triton/flex_launch.py). That returns the input buffers its kernels read after the spec's (the
+    captured tensors' bases) and the Launches; the KernelCall's inputs are `operands`, then `block_mask`,
+    then those, and its results are `results`, all in their dicts' order."""
+    backward: bool
+    sizes: tuple                     # (B, Hq, M, D, Bkv, Hkv, N, Dv): ints
+    dtype: torch.dtype               # of q, k and v
+    operands: dict                   # "q", "k", "v" (backward: "out", "do", "lse"[, "dlse"]) -> stored buffer
+    block_mask: dict                 # the BlockMask's tensors present ("kv_num", "kv_idx", ...) -> stored buffer
+    sparse_q: int                    # the BlockMask's sparse block sizes as given (2**30: the whole sequence)
+    sparse_kv: int
+    score_mod: torch.fx.GraphModule  # the backward's forward graph
+    mask_mod: torch.fx.GraphModule
+    joint: Optional[torch.fx.GraphModule]     # the backward's joint graph; None in the forward
+    score_captured: list             # the TensorBoxes score_mod reads after its index arguments, stored
+    mask_captured: list              # the TensorBoxes mask_mod reads after its index arguments, stored
+    scale: float
+    kernel_options: dict
+    results: dict                    # "out", "lse"[, "max"] (backward: "dq", "dk", "dv", "delta") -> Layout
+
+    def result_layouts(self) -> list[Layout]:
+        return list(self.results.values())

@@ -1,42 +1,39 @@
 """FlexAttention's higher-order ops (`torch.ops.higher_order.flex_attention` and `flex_attention_backward`) as
-ember Triton kernels: a KernelCall (ir/kernel_call.py) whose kernels codegen/triton/flex_attention*.py write,
-with score_mod and mask_mod lowered by ember's own lowering table and rendered inline
-(codegen/triton/flex_subgraph.py).
+a KernelCall (ir/kernel_call.py) of kernels the backend writes for the call.
+
+This module checks what it covers, stores the tensor arguments, and describes the call as a
+FlexAttentionSpec; the backend's `flex_attention_launches(spec)` (the Triton backend's:
+codegen/triton/flex_launch.py) renders score_mod and mask_mod, chooses the blocks and returns the launches.
 
 Covered: static sizes, float32/float16/bfloat16, head dims up to 256 (q/k and v may differ), GQA (query heads
 a multiple of the key/value heads), a key/value batch of 1 broadcast over the queries', any sequence
-lengths, BlockMasks whose sparse block sizes are multiples of 16, captured tensors read by the subgraphs.
-Anything else (a backend without these kernels, the C++ backend, symbolic sizes, an op a subgraph uses that
-ember cannot render, gradients for captured tensors) raises Unsupported and runs the ATen op.
+lengths, captured tensors read by the subgraphs; the Triton backend also needs BlockMasks whose sparse block
+sizes are multiples of 16. Anything else (a backend without `flex_attention_launches`, such as the C++
+backend, symbolic sizes, an op a subgraph uses that the backend cannot render, gradients for captured
+tensors) raises Unsupported and runs the ATen op.
 """
 from __future__ import annotations
-
-import logging
 
 import sympy
 import torch
 
 from .. import metrics, state
-from ..codegen.triton import flex_attention_backward as backward_kernels
-from ..codegen.triton.flex_attention import FlexProblem, RenderedMod, blocks, forward_source, supports_blocks
-from ..codegen.triton.heuristics import next_pow2
-from ..codegen.triton.flex_subgraph import SubgraphInputs, SubgraphRenderer, captured_base, lower_subgraph, render
 from ..device import backend_for
-from ..ir.kernel_call import KernelCall, Launch
+from ..ir.kernel_call import FlexAttentionSpec, KernelCall
 from ..ir.nodes import Layout, MultiOutput, TensorBox
 from .fallback import realize_arg
 from .registry import Unsupported, lower_higher_order
 
-log = logging.getLogger("ember.flex_attention")
-
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
-OPERANDS = ("q", "k", "v", "out", "do", "lse", "dlse")     # the stored tensors that are no BlockMask tensor
 
 
-def _wants_kernels(query) -> bool:
-    backend = backend_for(query.get_device())
-    return getattr(backend, "name", "").startswith("triton")
+def _launches_for(query):
+    """The backend's `flex_attention_launches` for query's device; Unsupported where it has none."""
+    launches = getattr(backend_for(query.get_device()), "flex_attention_launches", None)
+    if launches is None:
+        raise Unsupported("flex attention kernels need a backend that writes them")
+    return launches
 
 
 def _ints(values) -> list[int]:
@@ -54,85 +51,30 @@ def _stored(box, meta=None):
     return x
 
 
-def _strides(x) -> list[int]:
-    """x's strides, 0 along a dimension of size 1 (so indexing it by a batch or head broadcasts)."""
-    return [0 if int(n) == 1 else int(s) for n, s in zip(x.layout.size, x.layout.stride)]
-
-
 class BlockMaskArgs:
     """The BlockMask tuple as the HOP carries it: (q_len, kv_len, kv_num_blocks, kv_indices,
     full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, [torch
     >= 2.10: four dq_* orders], SPARSE_Q, SPARSE_KV, mask_mod graph)."""
     NAMES = ("kv_num", "kv_idx", "full_kv_num", "full_kv_idx", "q_num", "q_idx", "full_q_num", "full_q_idx")
+    KV_NAMES = NAMES[:4]        # what the forward reads: the key/value blocks of each query block
 
-    def __init__(self, block_mask: tuple, q_len: int, kv_len: int):
+    def __init__(self, block_mask: tuple):
         self.tensors = dict(zip(self.NAMES, block_mask[2:10]))
-        sparse_q, sparse_kv = _ints(block_mask[-3:-1])
-        # a sparse block covering the whole sequence (flex_attention's default mask has blocks of 2**30) is
-        # the one block 0: any size that covers the sequence and that kernel blocks divide says the same
-        self.sparse_q = sparse_q if sparse_q < q_len else max(16, next_pow2(q_len))
-        self.sparse_kv = sparse_kv if sparse_kv < kv_len else max(16, next_pow2(kv_len))
+        self.sparse_q, self.sparse_kv = _ints(block_mask[-3:-1])
         self.mask_graph = block_mask[-1]
 
     def stored(self, names) -> dict:
         return {n: _stored(self.tensors[n]) for n in names if self.tensors[n] is not None}
 
 
-def _render_mods(device, score_mod, mask_graph, joint_graph, score_captured, mask_captured, pointers,
-                 bases: list) -> tuple:
-    """(rendered score_mod or None for the identity, rendered mask_mod, rendered joint graph's score gradient
-    or None without one) over the kernel's tile names. Constants a subgraph reads join `pointers` and `bases`."""
-    inputs = SubgraphInputs(device, [])
-    tile_mask = "tile_in"
-    score = joint = None
-    if not _is_identity(score_mod):
-        [out] = lower_subgraph(score_mod, [inputs.tile("score")] + inputs.index, score_captured)
-        r = SubgraphRenderer("sm", pointers, tile_mask, bases)
-        score = RenderedMod(r.lines, _as_float(render(out, r)))
-    [keep] = lower_subgraph(mask_graph, inputs.index, mask_captured)
-    r = SubgraphRenderer("mm", pointers, tile_mask, bases)
-    mask = RenderedMod(r.lines, render(keep, r).name)
-    if joint_graph is not None:
-        grad, *rest = lower_subgraph(joint_graph, [inputs.tile("score")] + inputs.index + [inputs.tile("dpost")],
-                                     score_captured)
-        if any(x is not None for x in rest[4:]):
-            raise Unsupported("flex attention backward with gradients for captured tensors")
-        r = SubgraphRenderer("jg", pointers, tile_mask, bases)
-        joint = RenderedMod(r.lines, _as_float(render(grad, r)))
-    return score, mask, joint
-
-
-def _as_float(v) -> str:
-    return v.name if v.dtype == torch.float32 else f"({v.name}).to(tl.float32)"
-
-
-def _is_identity(gm) -> bool:
-    nodes = list(gm.graph.nodes)
-    out = nodes[-1]
-    first = next(n for n in nodes if n.op == "placeholder")
-    return out.op == "output" and out.args[0] is first or (isinstance(out.args[0], (list, tuple))
-                                                            and len(out.args[0]) == 1 and out.args[0][0] is first)
-
-
-def captured_inputs(score_other, mask_other) -> tuple[list, list, dict]:
-    """(score_mod's captured TensorBoxes, mask_mod's, buffer name -> pointer parameter, those buffers) with
-    every captured tensor stored; the kernels take each base buffer once, as a parameter `CAPn`."""
-    def store(values):
-        out = []
-        for v in values:
-            if not isinstance(v, TensorBox):
-                raise Unsupported("flex attention captures a value that is not a tensor")
-            out.append(TensorBox(_stored(v)))
-        return out
-    s, m = store(score_other), store(mask_other)
-    pointers: dict = {}
-    bases: list = []
-    for box in s + m:
-        base = captured_base(box.data)
-        if base.get_name() not in pointers:
-            pointers[base.get_name()] = f"CAP{len(pointers)}"
-            bases.append(base)
-    return s, m, pointers, bases
+def _captured(values) -> list:
+    """The captured tensors as stored TensorBoxes."""
+    out = []
+    for v in values:
+        if not isinstance(v, TensorBox):
+            raise Unsupported("flex attention captures a value that is not a tensor")
+        out.append(TensorBox(_stored(v)))
+    return out
 
 
 def check_shapes(q, k, v) -> tuple:
@@ -146,40 +88,29 @@ def check_shapes(q, k, v) -> tuple:
     return B, Hq, M, D, Bkv, Hkv, N, Dv
 
 
-def build_problem(q, k, v, score_mod, bm: BlockMaskArgs, scale, score_other, mask_other, stored: dict,
-                  has_max: bool, joint_graph=None):
-    """(FlexProblem without the strides of the outputs, the captured pointer buffers, the rendered joint graph
-    or None)."""
-    B, Hq, M, D, Bkv, Hkv, N, Dv = check_shapes(q, k, v)
-    s_cap, m_cap, pointers, bases = captured_inputs(score_other, mask_other)
-    try:
-        score, mask, joint = _render_mods(q.get_device(), score_mod, bm.mask_graph, joint_graph, s_cap, m_cap,
-                                          pointers, bases)
-    except Unsupported:
-        raise
-    except Exception as e:      # an op the renderer cannot spell: the ATen op is always right
-        log.debug("flex attention subgraph not rendered: %r", e)
-        raise Unsupported(f"flex attention subgraph: {e}") from e
-    interpreted = bool(getattr(backend_for(q.get_device()), "interpreted", False))
-    problem = FlexProblem(
-        B, Hq, M, D, Bkv, Hkv, N, Dv, q.get_dtype(), float(scale),
-        {n: _strides(stored[n]) for n in OPERANDS if n in stored},
-        bm.sparse_q, bm.sparse_kv, {n: _strides(x) for n, x in stored.items() if n not in OPERANDS},
-        "full_kv_num" in stored, score, mask, list(pointers.values()), has_max, interpreted)
-    if not supports_blocks(problem):
-        raise Unsupported("flex attention sparse block sizes")
-    return problem, bases, joint
-
-
-def results(call: KernelCall, layouts: list) -> list:
+def register_kernel_call(kind: str, launches_for, spec: FlexAttentionSpec) -> list:
+    """The KernelCall of the backend's launches for `spec`, registered with its results: their TensorBoxes."""
+    extra_inputs, launches = launches_for(spec)
+    device = spec.operands["q"].get_device()
+    inputs = [*spec.operands.values(), *spec.block_mask.values(), *extra_inputs]
+    call = KernelCall(kind, device, inputs, launches)
     g = state.current_graph()
     g.register_buffer(call)
     outs = []
-    for i, layout in enumerate(layouts):
+    for i, layout in enumerate(spec.result_layouts()):
         r = g.register_buffer(MultiOutput(None, layout, call, (i,)))
         call.results.append(r)
         outs.append(TensorBox(r))
+    metrics.flex_attention_kernels += 1
     return outs
+
+
+def _result_layouts(tensors) -> list[Layout]:
+    """The results' layouts, from the node's fake outputs; Unsupported for symbolic strides."""
+    layouts = [Layout.from_tensor(t) for t in tensors]
+    for layout in layouts:
+        _ints(layout.stride)
+    return layouts
 
 
 def _metas(node, count):
@@ -191,84 +122,66 @@ def _metas(node, count):
 @lower_higher_order(torch.ops.higher_order.flex_attention)
 def flex_attention(query, key, value, score_mod, block_mask, scale, kernel_options,
                    score_mod_other_buffers=(), mask_mod_other_buffers=()):
-    if not _wants_kernels(query):
-        raise Unsupported("flex attention kernels need the Triton backend")
+    launches_for = _launches_for(query)
     node = state.current_graph().current_node
     val = node.meta.get("val") if node is not None else None
     if not isinstance(val, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in val):
         raise Unsupported("flex attention without fake outputs")
-    _, _, M, _, _, _, N, _ = check_shapes(query, key, value)
-    bm = BlockMaskArgs(block_mask, M, N)
+    sizes = check_shapes(query, key, value)
+    Hq, M = sizes[1], sizes[2]
+    bm = BlockMaskArgs(block_mask)
     mq, mk, mv = _metas(node, 3)
-    stored = {"q": _stored(query, mq), "k": _stored(key, mk), "v": _stored(value, mv)}
-    stored.update(bm.stored(("kv_num", "kv_idx", "full_kv_num", "full_kv_idx")))
-    problem, captured, _ = build_problem(query, key, value, score_mod, bm, scale, score_mod_other_buffers,
-                                      mask_mod_other_buffers, stored, has_max=len(val) >= 3)
-    layouts = [Layout.from_tensor(t) for t in val]
-    problem.strides["out"] = _ints(layouts[0].stride)
-    if _ints(layouts[1].stride) != [problem.Hq * problem.M, problem.M, 1]:
+    operands = {"q": _stored(query, mq), "k": _stored(key, mk), "v": _stored(value, mv)}
+    block_mask_tensors = bm.stored(BlockMaskArgs.KV_NAMES)
+    score_captured, mask_captured = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
+    layouts = _result_layouts(val)
+    if _ints(layouts[1].stride) != [Hq * M, M, 1]:
         raise Unsupported("flex attention logsumexp layout")
-    block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted)
-    meta = _launch_meta(problem, block_m, block_n)
-    inputs = [stored["q"], stored["k"], stored["v"], stored["kv_num"], stored["kv_idx"]]
-    if problem.has_full_kv:
-        inputs += [stored["full_kv_num"], stored["full_kv_idx"]]
-    inputs += captured
-    grid = [-(-problem.M // block_m), problem.B * problem.Hq, 1]
-    call = KernelCall("flex_attention", query.get_device(), inputs,
-                      [Launch(lambda name: forward_source(name, problem), grid, meta)])
-    metrics.flex_attention_kernels += 1
-    return tuple(results(call, layouts))
-
-
-def _launch_meta(problem: FlexProblem, block_m: int, block_n: int) -> dict:
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4 if block_m * block_n <= 64 * 64 else 8,
-            "num_stages": 1 if problem.interpreted else 3}
+    spec = FlexAttentionSpec(
+        backward=False, sizes=sizes, dtype=query.get_dtype(), operands=operands, block_mask=block_mask_tensors,
+        sparse_q=bm.sparse_q, sparse_kv=bm.sparse_kv, score_mod=score_mod, mask_mod=bm.mask_graph, joint=None,
+        score_captured=score_captured, mask_captured=mask_captured, scale=float(scale),
+        kernel_options=dict(kernel_options or {}), results=dict(zip(("out", "lse", "max"), layouts)))
+    return tuple(register_kernel_call("flex_attention", launches_for, spec))
 
 
 @lower_higher_order(torch.ops.higher_order.flex_attention_backward)
 def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
                             block_mask, scale, kernel_options, score_mod_other_buffers=(),
                             mask_mod_other_buffers=()):
-    if not _wants_kernels(query):
-        raise Unsupported("flex attention kernels need the Triton backend")
+    launches_for = _launches_for(query)
     node = state.current_graph().current_node
     val = node.meta.get("val") if node is not None else None
     if not isinstance(val, (list, tuple)) or len(val) < 3 or grad_out is None or joint_graph is None:
         raise Unsupported("flex attention backward without fake outputs, output gradient or joint graph")
-    B, Hq, M, D, Bkv, Hkv, N, Dv = check_shapes(query, key, value)
+    sizes = check_shapes(query, key, value)
+    B, Hq, M, D, Bkv, Hkv, N, Dv = sizes
     if Bkv != B:
         raise Unsupported("flex attention backward with a broadcast key/value batch")
-    bm = BlockMaskArgs(block_mask, M, N)
+    bm = BlockMaskArgs(block_mask)
     metas = _metas(node, 7)
     stored = {n: _stored(x, m) for n, x, m in zip(("q", "k", "v", "out", "lse", "do"),
                                                  (query, key, value, out, logsumexp, grad_out), metas)}
     if grad_logsumexp is not None:
         stored["dlse"] = _stored(grad_logsumexp, metas[6])
-    stored.update(bm.stored(backward_kernels.MASK_NAMES))
-    if "q_num" not in stored or "q_idx" not in stored:
+    block_mask_tensors = bm.stored(BlockMaskArgs.NAMES)
+    if "q_num" not in block_mask_tensors or "q_idx" not in block_mask_tensors:
         raise Unsupported("flex attention backward without the BlockMask's q_num_blocks / q_indices")
-    problem, captured, joint = build_problem(query, key, value, fw_graph, bm, scale, score_mod_other_buffers,
-                                             mask_mod_other_buffers, stored, has_max=False, joint_graph=joint_graph)
+    score_captured, mask_captured = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
     for n in ("out", "do"):
         if stored[n].layout.size != stored["q"].layout.size[:3] + [Dv]:
             raise Unsupported("flex attention backward output shapes")
     for n in ("lse", "dlse"):
         if n in stored and _ints(stored[n].layout.stride) != [Hq * M, M, 1]:
             raise Unsupported("flex attention backward logsumexp layout")
-    layouts = [Layout.from_tensor(t) for t in val[:3]]
-    problem.strides.update(dq=_ints(layouts[0].stride), dk=_ints(layouts[1].stride), dv=_ints(layouts[2].stride))
-    layouts.append(Layout.contiguous(query.get_device(), torch.float32, [B, Hq, M]))       # delta, scratch
-    block_m, block_n = blocks(problem, dict(kernel_options or {}), problem.interpreted, backward=True)
-    meta = _launch_meta(problem, block_m, block_n)
-    inputs = [stored[n] for n in ("q", "k", "v", "out", "do", "lse", "dlse") if n in stored]
-    inputs += [stored[n] for n in backward_kernels.MASK_NAMES if n in stored] + captured
-    has_dlse = "dlse" in stored
-    dq = Launch(lambda name: backward_kernels.dq_source(name, problem, joint, has_dlse),
-                [-(-M // block_m), B * Hq, 1], meta)
-    dkdv = Launch(lambda name: backward_kernels.dkdv_source(name, problem, joint, has_dlse),
-                  [-(-N // block_n), B * Hkv, 1], meta)
-    call = KernelCall("flex_attention_backward", query.get_device(), inputs, [dq, dkdv])
-    metrics.flex_attention_kernels += 1
-    dq_box, dk_box, dv_box, _ = results(call, layouts)
-    return dq_box, dk_box, dv_box, tuple(None for _ in score_mod_other_buffers)
+    layouts = _result_layouts(val[:3])
+    # delta = rowsum(out * dout) - dlse / ln 2, per query row: a float32 result the backward's kernels share
+    layouts.append(Layout.contiguous(query.get_device(), torch.float32, [B, Hq, M]))
+    operands = {n: stored[n] for n in ("q", "k", "v", "out", "do", "lse", "dlse") if n in stored}
+    spec = FlexAttentionSpec(
+        backward=True, sizes=sizes, dtype=query.get_dtype(), operands=operands, block_mask=block_mask_tensors,
+        sparse_q=bm.sparse_q, sparse_kv=bm.sparse_kv, score_mod=fw_graph, mask_mod=bm.mask_graph,
+        joint=joint_graph, score_captured=score_captured, mask_captured=mask_captured, scale=float(scale),
+        kernel_options=dict(kernel_options or {}), results=dict(zip(("dq", "dk", "dv", "delta"), layouts)))
+    dq, dk, dv, _ = register_kernel_call("flex_attention_backward", launches_for, spec)
+    return dq, dk, dv, tuple(None for _ in score_mod_other_buffers)

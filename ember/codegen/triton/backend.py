@@ -19,6 +19,7 @@ from ...schedule.tiling import DEFAULT_TILING, choose_tiling
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..wrapper.lines import CallKernel, DefineKernel, Name
 from ...ir.template import is_template
+from .flex_launch import flex_attention_launches
 from .gemm_template import generate_template
 from .heuristics import candidate_configs, row_sized_configs
 from .kernel import TritonKernel
@@ -107,6 +108,11 @@ class TritonBackend(KernelBackend):
         if len(configs) < 2:
             return None
         return KernelTuning(configs, len(ptrs), k.tiled, written)
+
+    def flex_attention_launches(self, spec):
+        """FlexAttention's kernels for one call (ir/kernel_call.py, FlexAttentionSpec): (the input buffers they
+        read after the spec's, their Launches); Unsupported for what they do not cover."""
+        return flex_attention_launches(spec, self.interpreted)
 
     def load(self, kernels) -> dict:
         if not kernels:

@@ -1,4 +1,4 @@
-"""FlexAttention's forward as one Triton kernel (lowering/flex_attention.py builds the FlexProblem).
+"""FlexAttention's forward as one Triton kernel (flex_launch.py builds the FlexProblem and the launch).
 
 One program per (query block, batch * query head). It loads its [BLOCK_M, D] query tile once and walks the
 key/value blocks the BlockMask lists for the query block's sparse row: first the partial blocks
