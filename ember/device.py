@@ -48,6 +48,10 @@ class KernelBackend:
     channels_last_convolutions: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
+    # FlexAttention's kernels: a method taking an ir.kernel_call.FlexAttentionSpec and returning (extra input
+    # buffers, Launches), raising Unsupported where they do not apply (lowering/flex_attention.py); None:
+    # the backend has none and the higher-order op runs as the ATen op
+    flex_attention_launches = None
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
         """(most, aim) for a reduction of few long rows (lowering/reductions.py): one of at most `most`

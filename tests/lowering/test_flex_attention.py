@@ -141,6 +141,21 @@ def test_kernels_under_the_interpreter(device):
         assert ember.metrics.flex_attention_kernels == 1
 
 
+def test_head_dims_above_64_run_as_the_aten_op_on_a_gpu(device, monkeypatch):
+    """Head dim 128 gave wrong results on an H100 (docs/performance.md): GPU kernels stop at 64. The test
+    asks the kernels as a GPU backend would (not interpreted) and checks the call runs the ATen op."""
+    if device != "cpu":
+        pytest.skip("the CPU's Triton interpreter, asked as a GPU backend")
+    from ember.codegen.triton import backend as triton_backend, flex_launch
+    monkeypatch.setattr(triton_backend.TritonBackend, "flex_attention_launches",
+                        lambda self, spec: flex_launch.flex_attention_launches(spec, interpreted=False))
+    q, k, v = _qkv(device, M=20, D=128)
+    with ember.config.patch(cpu_backend="triton"):
+        fn = lambda q, k, v: flex_attention(q, k, v)      # noqa: E731
+        assert_close(fresh_compile(fn)(q, k, v), fn(q, k, v), rtol=1e-4, atol=2e-5)
+    assert ember.metrics.fallbacks["flex_attention"] == 1 and ember.metrics.flex_attention_kernels == 0
+
+
 def test_subgraph_ember_cannot_render_falls_back(device):
     """A score_mod with an op ember has no lowering for runs the ATen HOP: right, if not fast."""
     q, k, v = _qkv(device, M=20)

@@ -21,10 +21,17 @@ from .heuristics import next_pow2
 log = logging.getLogger("ember.flex_attention")
 
 RESULT_STRIDES = ("out", "dq", "dk", "dv")      # the results the kernels index with literal strides
+# On an H100 (torch 2.11, Triton 3.6) head dim 128 gave results far from inductor's and flash's (bf16, seq
+# 4096: docs/performance.md, FlexAttention) that the interpreter does not reproduce with the same blocks and
+# sizes; until that is found, larger head dims run as the ATen op on GPUs
+GPU_MAX_HEAD_DIM = 64
 
 
 def flex_attention_launches(spec: FlexAttentionSpec, interpreted: bool) -> tuple[list, list[Launch]]:
     """(the captured tensors' base buffers, in the kernels' CAPn parameter order, the Launches)."""
+    _, _, _, D, _, _, _, Dv = spec.sizes
+    if not interpreted and max(D, Dv) > GPU_MAX_HEAD_DIM:
+        raise Unsupported(f"flex attention head dims above {GPU_MAX_HEAD_DIM} on a GPU")
     problem, bases, joint = build_problem(spec, interpreted)
     block_m, block_n = blocks(problem, spec.kernel_options, interpreted, backward=spec.backward)
     meta = _launch_meta(problem, block_m, block_n)
