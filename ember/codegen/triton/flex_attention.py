@@ -118,6 +118,21 @@ def common_prologue(p: FlexProblem) -> list[str]:
     ]
 
 
+def query_block_prologue(p: FlexProblem, q_ptr: str) -> list[str]:
+    """Lines of a kernel with a program per query block (the forward, dq): the block's rows `offs_m` (in range:
+    `row_in`; `flex_q_idx` for the subgraphs), the head-dim ranges and the query tile `q`."""
+    return [
+        "pid_m = tl.program_id(0)",
+        *common_prologue(p),
+        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        f"row_in = offs_m < {p.M}",
+        "flex_q_idx = offs_m[:, None]",
+        f"offs_d = tl.arange(0, {p.d_pad})",
+        f"offs_dv = tl.arange(0, {p.dv_pad})",
+        f"q = tl.load({q_ptr}, mask=row_in[:, None] & (offs_d < {p.D})[None, :], other=0.0)",
+    ]
+
+
 def dot(p: FlexProblem, a: str, b: str, acc: Optional[str] = None) -> str:
     """tl.dot of two tiles with a float32 result. Triton's interpreter multiplies bfloat16 blocks wrongly,
     so there the operands are widened first (their products are exact in float32)."""
@@ -204,14 +219,7 @@ def forward_source(name: str, p: FlexProblem) -> str:
     full_step = tile_index_lines("start") + _fwd_step(p, masked=False)
     body = [
         f"N_CTX = {p.N}",
-        "pid_m = tl.program_id(0)",
-        *common_prologue(p),
-        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"row_in = offs_m < {p.M}",
-        "flex_q_idx = offs_m[:, None]",
-        f"offs_d = tl.arange(0, {p.d_pad})",
-        f"offs_dv = tl.arange(0, {p.dv_pad})",
-        f"q = tl.load({q_ptr}, mask=row_in[:, None] & (offs_d < {p.D})[None, :], other=0.0)",
+        *query_block_prologue(p, q_ptr),
         "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
         "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
         f"acc = tl.zeros([BLOCK_M, {p.dv_pad}], dtype=tl.float32)",

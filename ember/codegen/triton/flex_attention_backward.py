@@ -14,8 +14,8 @@ it into the gradient of the scaled score, `ds`, times the scale, 0 where masked.
 """
 from __future__ import annotations
 
-from .flex_attention import (FlexProblem, RenderedMod, _ptr, block_loop, common_prologue, dot, kernel_source,
-                             score_lines)
+from .flex_attention import (FlexProblem, RenderedMod, _ptr, block_loop, dot, kernel_source,
+                             query_block_prologue, score_lines)
 from .spelling import triton_type
 
 # the kernels' pointer parameters, in call order (captured tensors between the inputs and the results)
@@ -78,14 +78,7 @@ def dq_source(name: str, p: FlexProblem, joint: RenderedMod, has_dlse: bool) -> 
     if has_dlse:
         delta += f" - tl.load(DLSE + {rows}, mask=row_in, other=0.0) * {1.0 / 0.6931471805599453!r}"
     body = [
-        "pid_m = tl.program_id(0)",
-        *common_prologue(p),
-        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"row_in = offs_m < {p.M}",
-        "flex_q_idx = offs_m[:, None]",
-        f"offs_d = tl.arange(0, {p.d_pad})",
-        f"offs_dv = tl.arange(0, {p.dv_pad})",
-        f"q = tl.load({q_ptr}, mask=row_in[:, None] & (offs_d < {p.D})[None, :], other=0.0)",
+        *query_block_prologue(p, q_ptr),
         f"o = tl.load({o_ptr}, mask={dv_mask}, other=0.0)",
         f"do = tl.load({do_ptr}, mask={dv_mask}, other=0.0)",
         f"delta = {delta}",
