@@ -25,6 +25,7 @@ import time
 from typing import Callable, Optional
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .launch import Launcher
 from .loader import cache_dir
@@ -147,11 +148,14 @@ def fastest(candidates: list, time: Callable, args, written, what: str):
     that fails) is dropped with a debug log line."""
     saved = {i: args[i].clone() for i in written}
     timings = []
-    for cand in candidates:
-        try:
-            timings.append((time(cand), cand))
-        except Exception as e:          # noqa: BLE001 - any failure only drops the candidate
-            log.debug("%s: %s dropped: %s", what, cand, e)
+    # A first run can happen under a dispatch mode (AOTAutograd analyzes custom ops' aliasing in one), which
+    # sends every ATen call through Python: a library candidate would be timed with that host cost
+    with _disable_current_modes():
+        for cand in candidates:
+            try:
+                timings.append((time(cand), cand))
+            except Exception as e:          # noqa: BLE001 - any failure only drops the candidate
+                log.debug("%s: %s dropped: %s", what, cand, e)
     for i, t in saved.items():
         args[i].copy_(t)
     if not timings:

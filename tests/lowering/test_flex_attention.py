@@ -77,7 +77,7 @@ def _mask(kind, M, N, device):
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "sliding", "document"])
-@pytest.mark.parametrize("S", [1, 37, 200])
+@pytest.mark.parametrize("S", [1, 37, 64, 200])      # 64: whole sparse blocks, no bounds checks
 def test_masks(device, mask, S):
     q, k, v = _qkv(device, M=S)
     bm = _mask(mask, S, S, device)
@@ -141,19 +141,39 @@ def test_kernels_under_the_interpreter(device):
         assert ember.metrics.flex_attention_kernels == 1
 
 
-def test_head_dims_above_64_run_as_the_aten_op_on_a_gpu(device, monkeypatch):
-    """Head dim 128 gave wrong results on an H100 (docs/performance.md): GPU kernels stop at 64. The test
-    asks the kernels as a GPU backend would (not interpreted) and checks the call runs the ATen op."""
+def test_head_dims_above_256_run_as_the_aten_op_on_a_gpu(device, monkeypatch):
+    """GPU launch shapes stop at head dim 256. The test asks the kernels as a GPU backend would (not
+    interpreted) and checks the call runs the ATen op."""
     if device != "cpu":
         pytest.skip("the CPU's Triton interpreter, asked as a GPU backend")
     from ember.codegen.triton import backend as triton_backend, flex_launch
     monkeypatch.setattr(triton_backend.TritonBackend, "flex_attention_launches",
                         lambda self, spec: flex_launch.flex_attention_launches(spec, interpreted=False))
-    q, k, v = _qkv(device, M=20, D=128)
+    q, k, v = _qkv(device, M=20, D=512)
     with ember.config.patch(cpu_backend="triton"):
         fn = lambda q, k, v: flex_attention(q, k, v)      # noqa: E731
         assert_close(fresh_compile(fn)(q, k, v), fn(q, k, v), rtol=1e-4, atol=2e-5)
     assert ember.metrics.fallbacks["flex_attention"] == 1 and ember.metrics.flex_attention_kernels == 0
+
+
+def test_launch_config():
+    """Launch shapes come from FLEX_CONFIGS by kernel, GPU and head dim; kernel_options override them per
+    kernel (torch's names); blocks shrink to divide the BlockMask's sparse blocks."""
+    from ember.codegen.triton.flex_attention import FLEX_CONFIGS, FlexConfig, FlexProblem, launch_config
+
+    def problem(D, dtype=torch.bfloat16, sparse=128, S=4096):
+        return FlexProblem(1, 1, S, D, 1, 1, S, D, dtype, 1.0, {}, sparse, sparse, {}, False, None, None, [])
+    assert launch_config(problem(128), "forward", {}, (9, 0)) == FLEX_CONFIGS[("forward", "sm90", 128)]
+    assert launch_config(problem(64), "dkdv", {}, (9, 0)) == FLEX_CONFIGS[("dkdv", "sm90", 64)]
+    assert launch_config(problem(100), "dkdv", {}, (9, 0)) == FLEX_CONFIGS[("dkdv", "sm90", 128)]
+    assert launch_config(problem(64, torch.float32), "dq", {}, (9, 0)) == FLEX_CONFIGS[("dq", "fp32", 256)]
+    assert launch_config(problem(64), "forward", {}, None) == FlexConfig(32, 32, 1, 1)
+    options = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_M1": 16, "num_warps": 2, "num_stages": 1}
+    assert launch_config(problem(64), "forward", options, (9, 0)) == FlexConfig(64, 32, 2, 1)
+    assert launch_config(problem(64), "dkdv", options, (9, 0)) == FlexConfig(16, 32, 2, 1)
+    assert launch_config(problem(64), "dq", {"BLOCK_M2": 32}, (8, 0)).block_m == 32
+    # sparse blocks of 32: no block larger than 32
+    assert launch_config(problem(64, sparse=32), "forward", {}, (9, 0)).block_m == 32
 
 
 def test_subgraph_ember_cannot_render_falls_back(device):
@@ -196,11 +216,13 @@ def _backward_mods(device, H, S):
     }
 
 
-@pytest.mark.parametrize("case", ["identity_causal", "softcap_sliding", "bias_gqa", "alibi_document"])
+@pytest.mark.parametrize("case", ["identity_causal", "softcap_sliding", "bias_gqa", "alibi_document",
+                                  "softcap_causal_64", "identity_document_96"])
 def test_backward_hop(device, case):
-    mod, mask = case.split("_")
+    """Lengths 64 and 96 are whole sparse blocks (32): the kernels leave their bounds checks out."""
+    mod, mask, *length = case.split("_")
     gqa = mask == "gqa"
-    M = 45
+    M = int(length[0]) if length else 45
     q, k, v = _qkv(device, H=4 if gqa else 2, Hkv=2, M=M, D=16)
     score_mod, bufs = _backward_mods(device, q.shape[1], M)[mod]
     bm = _mask("causal" if gqa else mask, M, M, device)

@@ -99,3 +99,27 @@ def test_row_sized_candidates_to_time():
     assert RowSizedConfigs(contiguous=True, scan=False, tune=False)(4096, 3000) == big[:1]
     scan = RowSizedConfigs(contiguous=True, scan=True, tune=True)(4096, 1000)
     assert all(c["RBLOCK"] == 1024 and c["XBLOCK"] * 1024 <= 8192 for c in scan)
+
+
+def test_candidates_are_timed_outside_the_callers_dispatch_modes():
+    """A first run can happen under a dispatch mode (AOTAutograd analyzes custom ops in one), which would
+    charge a library candidate's ATen calls with Python's dispatch cost: timing runs with the modes off."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(64)
+    timed = []
+
+    def time(cand):
+        timed.append(torch.mm(x[:8].view(2, 4), x[8:16].view(4, 2)).sum().item() + cand)
+        return float(cand)
+    with Seen():
+        best = autotune.fastest([3, 1, 2], time, [x], [0], "test")
+    assert best == 1 and len(timed) == 3
+    assert torch.ops.aten.mm.default not in Seen.ops

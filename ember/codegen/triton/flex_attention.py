@@ -57,6 +57,7 @@ class FlexProblem:
     captured: list             # pointer parameter names of the captured tensors, in call order
     has_max: bool = True       # the HOP returns the row max too (torch >= 2.9)
     interpreted: bool = False
+    divisible: bool = False    # M and N are multiples of the sparse blocks (so of every kernel block)
 
     @property
     def gqa(self) -> int:
@@ -71,20 +72,66 @@ class FlexProblem:
         return max(16, next_pow2(self.Dv))
 
 
-def blocks(problem: FlexProblem, options: dict, interpreted: bool, backward: bool = False) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N): kernel_options' where they divide the sparse blocks, else a default that does. The
-    backward's programs hold four tiles of a key block and two of a query block: smaller blocks."""
-    if interpreted:
-        default_m, default_n = 32, 32
-    elif backward:
-        default_m, default_n = (64 if problem.d_pad <= 64 else 32), 64
+@dataclasses.dataclass(frozen=True)
+class FlexConfig:
+    """One flex kernel's launch shape: its query and key block sizes, warps and pipeline stages."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Default launch shapes: (kernel, GPU class, head dim padded up to) -> FlexConfig, first match. The forward
+# and dq kernels have a program per BLOCK_M query rows stepping BLOCK_N keys; the dk/dv kernel a program per
+# BLOCK_N keys stepping BLOCK_M queries, holding four [BLOCK_N, D] tiles. "sm90" is Hopper and later with
+# 16-bit inputs, "sm80" Ampere with 16-bit inputs, "fp32" any GPU with float32 inputs (no 16-bit tensor
+# cores: smaller tiles), "interpreter" Triton's CPU interpreter (small tiles keep tests fast). The sm90
+# entries for head dims 64 and 128 are the fastest of experiments/flex_config_sweep.py on an H100.
+FLEX_CONFIGS = {
+    ("forward", "sm90", 64): FlexConfig(128, 128, 4, 3),
+    ("forward", "sm90", 128): FlexConfig(128, 64, 4, 2),
+    ("forward", "sm90", 256): FlexConfig(64, 32, 4, 3),
+    ("dq", "sm90", 64): FlexConfig(64, 64, 4, 3),
+    ("dq", "sm90", 128): FlexConfig(64, 64, 4, 2),
+    ("dq", "sm90", 256): FlexConfig(64, 64, 4, 2),
+    ("dkdv", "sm90", 64): FlexConfig(64, 64, 4, 3),
+    ("dkdv", "sm90", 128): FlexConfig(64, 64, 4, 2),
+    ("dkdv", "sm90", 256): FlexConfig(64, 64, 4, 2),
+    ("forward", "sm80", 128): FlexConfig(128, 64, 4, 3),
+    ("forward", "sm80", 256): FlexConfig(64, 32, 4, 3),
+    ("dq", "sm80", 256): FlexConfig(64, 64, 4, 2),
+    ("dkdv", "sm80", 256): FlexConfig(64, 64, 4, 2),
+    ("forward", "fp32", 256): FlexConfig(64, 32, 4, 3),
+    ("dq", "fp32", 256): FlexConfig(32, 32, 4, 2),
+    ("dkdv", "fp32", 256): FlexConfig(32, 32, 4, 2),
+}
+INTERPRETER_CONFIG = FlexConfig(32, 32, 1, 1)
+# kernel_options' names for each kernel's blocks, as torch's flex_attention documents them
+OPTION_NAMES = {"forward": ("BLOCK_M", "BLOCK_N"), "dq": ("BLOCK_M2", "BLOCK_N2"), "dkdv": ("BLOCK_M1", "BLOCK_N1")}
+
+
+def gpu_class(dtype: torch.dtype, capability: tuple) -> str:
+    if dtype == torch.float32:
+        return "fp32"
+    return "sm90" if capability >= (9, 0) else "sm80"
+
+
+def launch_config(problem: FlexProblem, kernel: str, options: dict, capability: Optional[tuple]) -> FlexConfig:
+    """The launch shape of `kernel` ("forward", "dq" or "dkdv"): FLEX_CONFIGS' (the interpreter's where
+    `capability` is None), with kernel_options' blocks (BLOCK_M/BLOCK_N, BLOCK_M2/BLOCK_N2 for dq,
+    BLOCK_M1/BLOCK_N1 for dk/dv, falling back to BLOCK_M/BLOCK_N), num_warps and num_stages where given;
+    each block then shrunk to a power of two that divides the BlockMask's sparse blocks."""
+    if capability is None:
+        base = INTERPRETER_CONFIG
     else:
-        default_m, default_n = 128, (64 if problem.d_pad <= 64 else 32)
-    bm = int(options.get("BLOCK_M", default_m))
-    bn = int(options.get("BLOCK_N", default_n))
-    bm = _fit(bm, problem.sparse_q, problem.M)
-    bn = _fit(bn, problem.sparse_kv, problem.N)
-    return bm, bn
+        cls, d = gpu_class(problem.dtype, capability), max(problem.d_pad, problem.dv_pad)
+        base = next((c for (k, g, most), c in FLEX_CONFIGS.items() if k == kernel and g == cls and d <= most),
+                    FlexConfig(32, 32, 4, 1))
+    m_name, n_name = OPTION_NAMES[kernel]
+    bm = int(options.get(m_name, options.get("BLOCK_M", base.block_m)))
+    bn = int(options.get(n_name, options.get("BLOCK_N", base.block_n)))
+    return FlexConfig(_fit(bm, problem.sparse_q, problem.M), _fit(bn, problem.sparse_kv, problem.N),
+                      int(options.get("num_warps", base.num_warps)), int(options.get("num_stages", base.num_stages)))
 
 
 def _fit(block: int, sparse: int, size: int) -> int:
@@ -104,6 +151,38 @@ def _ptr(name: str, strides, parts) -> str:
     """`name + sum(index * stride)` over the parts (index expressions), dropping zero strides."""
     terms = [f"({p}) * {s}" for p, s in zip(parts, strides) if s != 0 and p != "0"]
     return f"{name} + " + " + ".join(terms) if terms else name
+
+
+def bounds(p: FlexProblem, seq: Optional[str], dim: Optional[str], seq_axis: int = 0, load: bool = True) -> str:
+    """The mask argument of a 2-D tile's load (with `other=0.0`) or store: `seq`, a condition over the tile's
+    sequence positions (on axis `seq_axis`), and the head-dim range `dim` ("d" or "dv") in bounds. Each part
+    is left out where it always holds: positions when the problem is divisible, the head dim when it is a
+    power of two; "" when nothing is left."""
+    parts = []
+    if seq is not None and not p.divisible:
+        parts.append(f"({seq})[:, None]" if seq_axis == 0 else f"({seq})[None, :]")
+    if dim is not None:
+        size = p.D if dim == "d" else p.Dv
+        if size != (p.d_pad if dim == "d" else p.dv_pad):
+            parts.append(f"(offs_{dim} < {size})[None, :]" if seq_axis == 0 else f"(offs_{dim} < {size})[:, None]")
+    if not parts:
+        return ""
+    return f", mask={' & '.join(parts)}" + (", other=0.0" if load else "")
+
+
+def row_bounds(p: FlexProblem, cond: str, load: bool = True) -> str:
+    """The mask argument of a 1-D per-row load or store: `cond`, left out when the problem is divisible."""
+    if p.divisible:
+        return ""
+    return f", mask={cond}" + (", other=0.0" if load else "")
+
+
+def tile_in_line(p: FlexProblem, rows: str, cols: str, shape: str = "[BLOCK_M, BLOCK_N]") -> str:
+    """Binds `tile_in`, the score tile's in-range positions (subgraphs mask their loads of captured tensors
+    with it), from its rows' and columns' conditions: all true when the problem is divisible."""
+    if p.divisible:
+        return f"tile_in = tl.full({shape}, 1, tl.int1)"
+    return f"tile_in = ({rows})[:, None] & ({cols})[None, :]"
 
 
 def common_prologue(p: FlexProblem) -> list[str]:
@@ -129,7 +208,7 @@ def query_block_prologue(p: FlexProblem, q_ptr: str) -> list[str]:
         "flex_q_idx = offs_m[:, None]",
         f"offs_d = tl.arange(0, {p.d_pad})",
         f"offs_dv = tl.arange(0, {p.dv_pad})",
-        f"q = tl.load({q_ptr}, mask=row_in[:, None] & (offs_d < {p.D})[None, :], other=0.0)",
+        f"q = tl.load({q_ptr}{bounds(p, 'row_in', 'd')})",
     ]
 
 
@@ -151,22 +230,31 @@ def score_lines(p: FlexProblem, masked: bool, qk: str = "qk") -> list[str]:
         lines += p.score_mod.lines + [f"post = {p.score_mod.result}"]
     else:
         lines.append("post = score")
-    keep = "tile_in"
+    keep = tile_keep(p, masked)
     if masked:
         lines += p.mask_mod.lines
-        keep = f"tile_in & ({p.mask_mod.result} != 0)"
-    lines.append(f"post = tl.where({keep}, post, float(\"-inf\"))")
-    if p.score_mod is None:
+    if keep is not None:
+        lines.append(f"post = tl.where({keep}, post, float(\"-inf\"))")
+    if p.score_mod is not None:
+        lines.append(f"s2 = post * {LOG2E!r}")
+    elif keep is not None:
         lines.append(f"s2 = tl.where({keep}, {qk} * {p.scale * LOG2E!r}, float(\"-inf\"))")
     else:
-        lines.append(f"s2 = post * {LOG2E!r}")
+        lines.append(f"s2 = {qk} * {p.scale * LOG2E!r}")
     return lines
 
 
-def tile_index_lines(start_n: str) -> list[str]:
+def tile_keep(p: FlexProblem, masked: bool) -> Optional[str]:
+    """The condition a score tile's positions are kept under: in range, and mask_mod's where `masked` (after
+    its lines); None when every position is kept (a full block of a divisible problem)."""
+    conds = ([] if p.divisible else ["tile_in"]) + ([f"({p.mask_mod.result} != 0)"] if masked else [])
+    return " & ".join(conds) or None
+
+
+def tile_index_lines(p: FlexProblem, start_n: str) -> list[str]:
     return [f"offs_n = {start_n} + tl.arange(0, BLOCK_N)",
             "flex_kv_idx = offs_n[None, :]",
-            "tile_in = row_in[:, None] & (offs_n < N_CTX)[None, :]"]
+            tile_in_line(p, "row_in", f"offs_n < {p.N}")]
 
 
 def _fwd_step(p: FlexProblem, masked: bool) -> list[str]:
@@ -174,7 +262,7 @@ def _fwd_step(p: FlexProblem, masked: bool) -> list[str]:
     k_ptr = _ptr("K", sk, ["kv_b", "kv_h", "offs_n[None, :]", "offs_d[:, None]"])
     v_ptr = _ptr("V", sv, ["kv_b", "kv_h", "offs_n[:, None]", "offs_dv[None, :]"])
     lines = [
-        f"kt = tl.load({k_ptr}, mask=(offs_n < N_CTX)[None, :] & (offs_d < {p.D})[:, None], other=0.0)",
+        f"kt = tl.load({k_ptr}{bounds(p, f'offs_n < {p.N}', 'd', seq_axis=1)})",
         f"qk = {dot(p, 'q', 'kt')}",
         *score_lines(p, masked),
         "m_new = tl.maximum(m_i, tl.max(s2, 1))",
@@ -183,7 +271,7 @@ def _fwd_step(p: FlexProblem, masked: bool) -> list[str]:
         "alpha = tl.math.exp2(m_i - m_use)",
         "pexp = tl.math.exp2(s2 - m_use[:, None])",
         "l_i = l_i * alpha + tl.sum(pexp, 1)",
-        f"vt = tl.load({v_ptr}, mask=(offs_n < N_CTX)[:, None] & (offs_dv < {p.Dv})[None, :], other=0.0)",
+        f"vt = tl.load({v_ptr}{bounds(p, f'offs_n < {p.N}', 'dv')})",
         f"acc = {dot(p, f'pexp.to({triton_type(p.dtype)})', 'vt', 'acc * alpha[:, None]')}",
         "m_i = m_new",
     ]
@@ -192,17 +280,20 @@ def _fwd_step(p: FlexProblem, masked: bool) -> list[str]:
 
 def block_loop(p: FlexProblem, which: str, row: str, body: list[str], sparse: int, mask_prefix: str) -> list[str]:
     """Loop over the blocks listed for sparse row `row` in `{which}_num` / `{which}_idx`, each in BLOCK-wide
-    steps (BLOCK_N in the forward), running `body` with `start` bound to the step's first position."""
+    steps (BLOCK_N in the forward), running `body` with `start` bound to the step's first position.
+
+    One flat loop over (listed block, step within it) rather than a loop per block: Triton pipelines the
+    loads of one loop's next iterations (num_stages) across the blocks, where a nested loop of a few steps
+    would start its pipeline over at every block."""
     s_num, s_idx = p.mask_strides[f"{which}_num"], p.mask_strides[f"{which}_idx"]
-    num = _ptr(f"{which.upper()}_NUM", s_num, ["flex_b", "flex_h", row])
-    idx = _ptr(f"{which.upper()}_IDX", s_idx, ["flex_b", "flex_h", row, "i"])
     step = "BLOCK_N" if mask_prefix == "kv" else "BLOCK_M"
-    lines = [f"n_blocks = tl.load({num})",
-             "for i in range(0, n_blocks):",
-             f"    blk = tl.load({idx})",
-             f"    for j in range(0, {sparse} // {step}):",
-             f"        start = blk * {sparse} + j * {step}"]
-    return lines + ["        " + ln for ln in body]
+    steps = f"({sparse} // {step})"
+    num = _ptr(f"{which.upper()}_NUM", s_num, ["flex_b", "flex_h", row])
+    idx = _ptr(f"{which.upper()}_IDX", s_idx, ["flex_b", "flex_h", row, f"t // {steps}"])
+    lines = [f"n_steps = tl.load({num}) * {steps}",
+             "for t in range(0, n_steps):",
+             f"    start = tl.load({idx}) * {sparse} + (t % {steps}) * {step}"]
+    return lines + ["    " + ln for ln in body]
 
 
 def forward_source(name: str, p: FlexProblem) -> str:
@@ -215,10 +306,9 @@ def forward_source(name: str, p: FlexProblem) -> str:
     q_ptr = _ptr("Q", sq, ["flex_b", "flex_h", "offs_m[:, None]", "offs_d[None, :]"])
     o_ptr = _ptr("OUT", so, ["flex_b", "flex_h", "offs_m[:, None]", "offs_dv[None, :]"])
     row_base = f"(flex_b * {p.Hq} + flex_h) * {p.M}"
-    step = tile_index_lines("start") + _fwd_step(p, masked=True)
-    full_step = tile_index_lines("start") + _fwd_step(p, masked=False)
+    step = tile_index_lines(p, "start") + _fwd_step(p, masked=True)
+    full_step = tile_index_lines(p, "start") + _fwd_step(p, masked=False)
     body = [
-        f"N_CTX = {p.N}",
         *query_block_prologue(p, q_ptr),
         "m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)",
         "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
@@ -231,12 +321,12 @@ def forward_source(name: str, p: FlexProblem) -> str:
     body += [
         "l_use = tl.where(l_i == 0.0, 1.0, l_i)",
         "out = acc / l_use[:, None]",
-        f"tl.store({o_ptr}, out.to({triton_type(p.dtype)}), mask=row_in[:, None] & (offs_dv < {p.Dv})[None, :])",
+        f"tl.store({o_ptr}, out.to({triton_type(p.dtype)}){bounds(p, 'row_in', 'dv', load=False)})",
         "lse = tl.where(l_i == 0.0, float(\"-inf\"), m_i + tl.math.log2(l_use))",
-        f"tl.store(LSE + {row_base} + offs_m, lse, mask=row_in)",
+        f"tl.store(LSE + {row_base} + offs_m, lse{row_bounds(p, 'row_in', load=False)})",
     ]
     if p.has_max:
-        body.append(f"tl.store(MAXS + {row_base} + offs_m, m_i, mask=row_in)")
+        body.append(f"tl.store(MAXS + {row_base} + offs_m, m_i{row_bounds(p, 'row_in', load=False)})")
     return kernel_source(name, params, body)
 
 

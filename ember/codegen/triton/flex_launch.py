@@ -14,17 +14,15 @@ import torch
 from ...ir.kernel_call import FlexAttentionSpec, Launch
 from ...lowering.registry import Unsupported
 from . import flex_attention_backward as backward_kernels
-from .flex_attention import FlexProblem, RenderedMod, blocks, forward_source, supports_blocks
+from .flex_attention import FlexProblem, RenderedMod, forward_source, launch_config, supports_blocks
 from .flex_subgraph import SubgraphInputs, SubgraphRenderer, captured_base, lower_subgraph, render
 from .heuristics import next_pow2
 
 log = logging.getLogger("ember.flex_attention")
 
 RESULT_STRIDES = ("out", "dq", "dk", "dv")      # the results the kernels index with literal strides
-# On an H100 (torch 2.11, Triton 3.6) head dim 128 gave results far from inductor's and flash's (bf16, seq
-# 4096: docs/performance.md, FlexAttention) that the interpreter does not reproduce with the same blocks and
-# sizes; until that is found, larger head dims run as the ATen op on GPUs
-GPU_MAX_HEAD_DIM = 64
+# Head dims above this run as the ATen op on GPUs: FLEX_CONFIGS has launch shapes up to 256 only
+GPU_MAX_HEAD_DIM = 256
 
 
 def flex_attention_launches(spec: FlexAttentionSpec, interpreted: bool) -> tuple[list, list[Launch]]:
@@ -33,16 +31,20 @@ def flex_attention_launches(spec: FlexAttentionSpec, interpreted: bool) -> tuple
     if not interpreted and max(D, Dv) > GPU_MAX_HEAD_DIM:
         raise Unsupported(f"flex attention head dims above {GPU_MAX_HEAD_DIM} on a GPU")
     problem, bases, joint = build_problem(spec, interpreted)
-    block_m, block_n = blocks(problem, spec.kernel_options, interpreted, backward=spec.backward)
-    meta = _launch_meta(problem, block_m, block_n)
+    capability = None if interpreted else torch.cuda.get_device_capability(spec.operands["q"].get_device())
+
+    def launch(kernel: str, source, rows: int, heads: int) -> Launch:
+        c = launch_config(problem, kernel, spec.kernel_options, capability)
+        grid = [-(-rows // (c.block_n if kernel == "dkdv" else c.block_m)), problem.B * heads, 1]
+        meta = {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        return Launch(source, grid, meta)
+
     if not spec.backward:
-        grid = [-(-problem.M // block_m), problem.B * problem.Hq, 1]
-        return bases, [Launch(lambda name: forward_source(name, problem), grid, meta)]
+        return bases, [launch("forward", lambda name: forward_source(name, problem), problem.M, problem.Hq)]
     has_dlse = "dlse" in spec.operands
-    dq = Launch(lambda name: backward_kernels.dq_source(name, problem, joint, has_dlse),
-                [-(-problem.M // block_m), problem.B * problem.Hq, 1], meta)
-    dkdv = Launch(lambda name: backward_kernels.dkdv_source(name, problem, joint, has_dlse),
-                  [-(-problem.N // block_n), problem.B * problem.Hkv, 1], meta)
+    dq = launch("dq", lambda name: backward_kernels.dq_source(name, problem, joint, has_dlse), problem.M, problem.Hq)
+    dkdv = launch("dkdv", lambda name: backward_kernels.dkdv_source(name, problem, joint, has_dlse),
+                  problem.N, problem.Hkv)
     return bases, [dq, dkdv]
 
 
@@ -59,11 +61,12 @@ def build_problem(spec: FlexAttentionSpec, interpreted: bool) -> tuple:
         raise Unsupported(f"flex attention subgraph: {e}") from e
     strides = {n: _strides(x) for n, x in spec.operands.items()}
     strides.update({n: [int(s) for s in spec.results[n].stride] for n in RESULT_STRIDES if n in spec.results})
+    sparse_q, sparse_kv = _sparse_size(spec.sparse_q, M), _sparse_size(spec.sparse_kv, N)
     problem = FlexProblem(
-        B, Hq, M, D, Bkv, Hkv, N, Dv, spec.dtype, spec.scale, strides,
-        _sparse_size(spec.sparse_q, M), _sparse_size(spec.sparse_kv, N),
+        B, Hq, M, D, Bkv, Hkv, N, Dv, spec.dtype, spec.scale, strides, sparse_q, sparse_kv,
         {n: _strides(x) for n, x in spec.block_mask.items()}, "full_kv_num" in spec.block_mask,
-        score, mask, list(pointers.values()), "max" in spec.results, interpreted)
+        score, mask, list(pointers.values()), "max" in spec.results, interpreted,
+        divisible=M % sparse_q == 0 and N % sparse_kv == 0)
     if not supports_blocks(problem):
         raise Unsupported("flex attention sparse block sizes")
     return problem, bases, joint
@@ -127,8 +130,3 @@ def _is_identity(gm) -> bool:
     first = next(n for n in nodes if n.op == "placeholder")
     return out.op == "output" and out.args[0] is first or (isinstance(out.args[0], (list, tuple))
                                                             and len(out.args[0]) == 1 and out.args[0][0] is first)
-
-
-def _launch_meta(problem: FlexProblem, block_m: int, block_n: int) -> dict:
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4 if block_m * block_n <= 64 * 64 else 8,
-            "num_stages": 1 if problem.interpreted else 3}
