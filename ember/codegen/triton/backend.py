@@ -129,7 +129,9 @@ class TritonBackend(KernelBackend):
         fn = self._launchable(getattr(mod, k.name))
         if isinstance(k.tuning, TemplateTuning):
             epilogue = k.tuning.extern.epilogue if k.tuning.extern is not None else None
-            return TemplateChoice(fn, getattr(mod, epilogue) if epilogue else None, k.tuning, k.source)
+            # the library candidate's epilogue launches through the same fast path as any generated kernel
+            return TemplateChoice(fn, self._launchable(getattr(mod, epilogue)) if epilogue else None, k.tuning,
+                                  k.source)
         return Autotuned(fn, k.tuning, k.source) if k.tuning else fn
 
     def _launchable(self, fn):
