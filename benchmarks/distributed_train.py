@@ -387,7 +387,40 @@ def nccl_overlap(trace: dict) -> dict:
         overlap_us += _covered(start, start + float(e["dur"]), merged_without[key])
     return {"nccl_kernels": len(nccl), "nccl_us": round(nccl_us, 1),
             "compute_us": round(sum(float(e["dur"]) for e in compute), 1),
-            "overlap_fraction": overlap_us / nccl_us if nccl_us else None}
+            "overlap_fraction": overlap_us / nccl_us if nccl_us else None,
+            "exposed_nccl_us": round(nccl_us - overlap_us, 1),
+            "gpu_busy_us": round(sum(b - a for a, b in _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+                                                                for e in kernels])), 1),
+            "span_us": round(max((float(e["ts"]) + float(e["dur"]) for e in kernels), default=0.0)
+                             - min((float(e["ts"]) for e in kernels), default=0.0), 1),
+            "compute_by_kind_us": kernel_kinds(compute),
+            "top_kernels_us": top_kernels(compute)}
+
+
+# library kernels by name: cuBLAS/CUTLASS products, fused attention; anything else is a generated kernel
+# (Triton) or a small ATen kernel
+KERNEL_KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce")),
+                ("attention", ("flash", "fmha", "attention", "cudnn")))
+
+
+def kernel_kinds(kernels: list) -> dict:
+    """Total time (us) per kind of kernel (KERNEL_KINDS, else "other")."""
+    out: dict = {}
+    for e in kernels:
+        name = e.get("name", "").lower()
+        kind = next((k for k, words in KERNEL_KINDS if any(w in name for w in words)), "other")
+        out[kind] = round(out.get(kind, 0.0) + float(e["dur"]), 1)
+    return out
+
+
+def top_kernels(kernels: list, n: int = 12) -> list:
+    """The n kernel names with the most total time: [name (60 chars), us, calls]."""
+    totals: dict = {}
+    for e in kernels:
+        t = totals.setdefault(e.get("name", "")[:60], [0.0, 0])
+        t[0] += float(e["dur"])
+        t[1] += 1
+    return [[k, round(v[0], 1), v[1]] for k, v in sorted(totals.items(), key=lambda kv: -kv[1][0])[:n]]
 
 
 # -- the table and main ----------------------------------------------------------------------------------

@@ -52,4 +52,7 @@ def test_nccl_overlap_counts_compute_on_other_streams_only():
     summary = nccl_overlap(trace)
     assert summary["nccl_kernels"] == 2 and summary["nccl_us"] == 150
     assert summary["overlap_fraction"] == 70 / 150       # [100, 170] of the first; none of the second
+    assert summary["exposed_nccl_us"] == 80
+    assert summary["compute_by_kind_us"] == {"gemm": 200, "other": 40}
+    assert summary["top_kernels_us"][0][1:] == [100, 1] and summary["span_us"] == 300   # [50, 350]
     assert nccl_overlap({"traceEvents": []})["overlap_fraction"] is None
