@@ -217,3 +217,21 @@ def test_autotuning_chooses_a_candidate_that_runs(timed_backend, monkeypatch):
     x, wg, wu, r = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(24, 32)
     _compile(_swiglu_residual, x, wg, wu, r, mode="auto")
     assert chosen and broken not in chosen
+
+
+def test_the_first_call_binds_the_chosen_launch():
+    """After its first call a TemplateChoice launches the chosen candidate through a function bound with
+    its grid: later calls neither choose nor work out the grid again."""
+    from ember.runtime.template_choice import TemplateTuning
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **cfg: launched.append((grid, args, cfg["BLOCK_M"]))
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16}
+    choice = TemplateChoice(Kernel(), None, TemplateTuning([cfg], (2, 64, 48, 8), [0]), "src")
+    choice.run("a", "b")
+    assert "run" in vars(choice) and choice.chosen == cfg
+    choice.grid = None          # a second call that worked out the grid would fail here
+    choice.run("c", "d")
+    assert launched == [((6, 2), ("a", "b"), 32), ((6, 2), ("c", "d"), 32)]

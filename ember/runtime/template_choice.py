@@ -67,6 +67,7 @@ class TemplateChoice:
         self.fn, self.epilogue, self.tuning = fn, epilogue, tuning
         self.key = hashlib.sha256(source.encode()).hexdigest()[:24]
         self.chosen = None          # a config, or _EXTERN
+        self._extern = None         # the library candidate's launch function, once built
         # ember's Launcher takes (grid, args, meta) without the frame and closure of `fn[grid](...)`
         self._launcher = isinstance(fn, Launcher)
 
@@ -75,29 +76,51 @@ class TemplateChoice:
         return (_cdiv(m, cfg["BLOCK_M"]) * _cdiv(n, cfg["BLOCK_N"]), batch)
 
     def launch(self, cfg, args) -> None:
-        if cfg == _EXTERN:
-            self.run_extern(args)
-        elif self._launcher:
-            self.fn.launch(self.grid(cfg), args, cfg)
-        else:
-            self.fn[self.grid(cfg)](*args, **cfg)
+        self._bound(cfg)(*args)
 
     def run(self, *args) -> None:
+        """The first call chooses (or reads the choice from disk), then binds `run` to the chosen candidate's
+        launch with its grid and views worked out once: a product of a few tens of microseconds is launched
+        back to back in a model, where per-call Python shows."""
         if self.chosen is None:
             self.chosen = self._choose(args)
-        self.launch(self.chosen, args)
+        self.run = self._bound(self.chosen)
+        self.run(*args)
 
-    def run_extern(self, args) -> None:
+    def _bound(self, cfg):
+        if cfg == _EXTERN:
+            return self._bound_extern()
+        grid = self.grid(cfg)
+        if self._launcher:
+            launch = self.fn.launch
+            return lambda *args: launch(grid, args, cfg)
+        kernel = self.fn[grid]
+        return lambda *args: kernel(*args, **cfg)
+
+    def _bound_extern(self):
+        """The library candidate as one function of the call's arguments: ATen's product of the operands'
+        views (into the product's argument, or a new buffer), then the epilogue kernel reading it."""
+        if self._extern is not None:
+            return self._extern
         e = self.tuning.extern
-        a, b = (torch.as_strided(args[pos], size, stride, args[pos].storage_offset() + offset)
-                for pos, size, stride, offset in e.operands)
-        out = args[e.product_arg] if e.product_arg is not None else \
-            torch.empty_strided(e.size, e.stride, dtype=e.dtype, device=a.device)
-        (torch.bmm if e.op == "bmm" else torch.mm)(a, b, out=out)
+        (pa, size_a, stride_a, off_a), (pb, size_b, stride_b, off_b) = e.operands
+        product = torch.bmm if e.op == "bmm" else torch.mm
+        as_strided, empty_strided = torch.as_strided, torch.empty_strided
+        epilogue = None
         if e.epilogue is not None:
-            pointers = [out if i < 0 else args[i] for i in e.epilogue_args]
-            grid = (_cdiv(e.xnumel, e.epilogue_meta["XBLOCK"]),)
-            self.epilogue[grid](*pointers, e.xnumel, **e.epilogue_meta)
+            epilogue = self.epilogue[(_cdiv(e.xnumel, e.epilogue_meta["XBLOCK"]),)]
+        positions, xnumel, meta = e.epilogue_args, e.xnumel, e.epilogue_meta
+
+        def run(*args):
+            a, b = args[pa], args[pb]
+            out = args[e.product_arg] if e.product_arg is not None else \
+                empty_strided(e.size, e.stride, dtype=e.dtype, device=a.device)
+            product(as_strided(a, size_a, stride_a, a.storage_offset() + off_a),
+                    as_strided(b, size_b, stride_b, b.storage_offset() + off_b), out=out)
+            if epilogue is not None:
+                epilogue(*[out if i < 0 else args[i] for i in positions], xnumel, **meta)
+        self._extern = run
+        return run
 
     # -- choosing ----------------------------------------------------------------------------------------
 
