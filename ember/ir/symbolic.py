@@ -330,7 +330,19 @@ def _known_ge(a: Expr, b: Expr) -> bool:
 
 
 def size_symbols(expr) -> set:
-    return {s for s in sympy.sympify(expr).free_symbols if _is_size_symbol(s)}
+    return set(_size_symbols(expr))
+
+
+@functools.lru_cache(maxsize=65536)
+def free_symbols(expr) -> frozenset:
+    """expr's free symbols, remembered: sympy walks the whole tree each time it is asked, and every
+    inner_fn asks it of the same indices over and over."""
+    return frozenset(sympy.sympify(expr).free_symbols)
+
+
+@functools.lru_cache(maxsize=65536)
+def _size_symbols(expr) -> frozenset:
+    return frozenset(s for s in free_symbols(expr) if _is_size_symbol(s))
 
 
 # -- simplification with the index variables' bounds ---------------------------------------------------

@@ -157,11 +157,23 @@ def _fake_tensor(x):
     return torch.empty(max(extent, 1), dtype=l.dtype, device=l.device).as_strided(size, stride, offset)
 
 
+_fake_modes: list = []
+
+
+def _fake_mode():
+    """The fake mode the meta runs use: one for the process, as making a mode records a stack trace and
+    a graph runs hundreds of fallbacks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not _fake_modes:
+        _fake_modes.append(FakeTensorMode(allow_non_fake_inputs=True))
+    return _fake_modes[0]
+
+
 def _run_on_meta(op, ir_args, ir_kwargs):
     """The op's outputs for fake inputs with the layouts its inputs really have (None if it can't run).
     Fake tensors on the real device, not meta-device tensors: some meta functions choose strides by
     device (LAPACK's column-major results on CPU)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     found = []
 
     def convert(a):
@@ -173,7 +185,7 @@ def _run_on_meta(op, ir_args, ir_kwargs):
         return a
 
     try:
-        with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True):
+        with unset_fake_temporarily(), _fake_mode():
             margs = [convert(a) for a in ir_args]
             mkwargs = {k: convert(v) for k, v in ir_kwargs.items()}
             return op(*margs, **mkwargs) if found else None

@@ -33,6 +33,10 @@ class SchedulerNode:
         self.ranges: list = []
         self.rranges: list = []
         self.op_count = 0
+        # split and flat_vars per kernel shape: fusion asks them for every candidate pair, codegen again
+        self._splits: dict = {}
+        self._flat_vars: dict = {}
+        self._group = None
         if isinstance(buf, ComputedBuffer):
             data = buf.data
             self.ranges = list(data.ranges)
@@ -82,14 +86,21 @@ class SchedulerNode:
 
     def group(self) -> tuple:
         """(xnumel, rnumel) of the kernel this node alone would be."""
-        if self.is_reduction():
-            return (product(self.ranges), product(self.rranges))
-        return (product(self.ranges), sympy.Integer(1))
+        if self._group is None:
+            r = product(self.rranges) if self.is_reduction() else sympy.Integer(1)
+            self._group = (product(self.ranges), r)
+        return self._group
 
     # -- placing into a kernel of shape (X, R) ------------------------------------------------------------
 
     def split(self, group) -> Optional[tuple]:
         """(x dims, r dims) of this node in a kernel of `group`, or None if it does not fit."""
+        group = tuple(group)
+        if group not in self._splits:
+            self._splits[group] = self._split(group)
+        return self._splits[group]
+
+    def _split(self, group) -> Optional[tuple]:
         X, R = group
         if self.is_reduction():
             if statically_known_equal(product(self.ranges), X) and statically_known_equal(product(self.rranges), R):
@@ -111,6 +122,13 @@ class SchedulerNode:
 
     def flat_vars(self, group) -> Optional[dict]:
         """Substitution from this node's loop variables to kernel flat-index expressions."""
+        group = tuple(group)
+        if group not in self._flat_vars:
+            self._flat_vars[group] = self._compute_flat_vars(group)
+        subs = self._flat_vars[group]
+        return None if subs is None else dict(subs)
+
+    def _compute_flat_vars(self, group) -> Optional[dict]:
         sp = self.split(group)
         if sp is None:
             return None
