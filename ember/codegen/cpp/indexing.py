@@ -9,6 +9,7 @@ in the inner index: contiguous vector loads, or one value per row hoisted out of
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import sympy
@@ -60,7 +61,9 @@ class CppIndexPrinter(IndexPrinter):
 _printer = CppIndexPrinter()
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
 def cpp_index(expr) -> str:
+    # remembered, as print_index is
     return _printer.doprint(sympy.sympify(expr))
 
 
