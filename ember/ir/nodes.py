@@ -22,7 +22,7 @@ import torch
 
 from .. import state
 from .ops import ops
-from .symbolic import Expr, contiguous_strides, product, sympify
+from .symbolic import Expr, Remembered, contiguous_strides, product, sympify
 
 
 @dataclasses.dataclass
@@ -35,13 +35,13 @@ class Layout:
 
     def index(self, idx: Sequence[Expr]) -> Expr:
         assert len(idx) == len(self.stride), (idx, self.stride)
-        return _position(idx, self.size, self.stride, self.offset, None)
+        return _position(tuple(idx), tuple(self.size), tuple(self.stride), self.offset, None)
 
     def relative_index(self, idx: Sequence[Expr], base: Expr) -> Expr:
         """index(idx) - base: the position relative to a storage offset `base` (where a kernel's pointer
         points)."""
         assert len(idx) == len(self.stride), (idx, self.stride)
-        return _position(idx, self.size, self.stride, self.offset, base)
+        return _position(tuple(idx), tuple(self.size), tuple(self.stride), self.offset, base)
 
     def numel(self) -> Expr:
         return product(self.size)
@@ -66,36 +66,16 @@ class Layout:
                       sympify(t.storage_offset()))
 
 
-# Every inner_fn runs many times (dependencies, fusion checks, the structural key, each kernel backend), and
-# each run asks layouts for the same positions: the sympy arithmetic is done once per distinct question.
-# A key holds each value's type too: a Python int and the sympy Integer equal to it are equal dict keys but
-# give results of different types.
-_positions: dict = {}
-_POSITIONS_MAX = 1 << 16
-
-
-def _position(idx, size, stride, offset, base) -> Expr:
-    """offset + sum(i * s) over the dims of size other than 1, less `base` (unless None)."""
-    key = (tuple(idx), tuple(size), tuple(stride), offset, base)
-    try:
-        typed = (key, tuple(type(x) for part in key[:3] for x in part), type(offset), type(base))
-        out = _positions.get(typed)
-    except TypeError:           # an unhashable value: computed, not remembered
-        return _compute_position(*key)
-    if out is None:
-        out = _compute_position(*key)
-        if len(_positions) >= _POSITIONS_MAX:
-            _positions.clear()
-        _positions[typed] = out
-    return out
-
-
 def _compute_position(idx, size, stride, offset, base) -> Expr:
+    """offset + sum(i * s) over the dims of size other than 1, less `base` (unless None)."""
     out = offset
     for i, s, n in zip(idx, stride, size):
         if n != 1:  # size-1 dims never move the index, whatever their stride
             out = out + i * s
     return out if base is None else out - base
+
+
+_position = Remembered(_compute_position)
 
 
 class IRNode:

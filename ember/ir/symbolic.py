@@ -106,6 +106,34 @@ def _is_multiple(term: Expr, divisor: Expr) -> bool:
     return False
 
 
+class Remembered:
+    """fn's results by its arguments (sympy values, numbers and tuples of them), for index arithmetic that
+    every run of an inner_fn repeats: dependencies, fusion checks, the structural key and each kernel
+    backend run the same bodies. A key holds each value's type too: a Python int and the sympy Integer
+    equal to it are equal dict keys but give results of different types. Unhashable arguments are computed,
+    not remembered."""
+
+    def __init__(self, fn, max_size: int = 1 << 16):
+        self.fn, self.max_size, self.results = fn, max_size, {}
+
+    def __call__(self, *args):
+        try:
+            key = (args, _types(args))
+            out = self.results.get(key, self)
+        except TypeError:
+            return self.fn(*args)
+        if out is self:
+            out = self.fn(*args)
+            if len(self.results) >= self.max_size:
+                self.results.clear()
+            self.results[key] = out
+        return out
+
+
+def _types(x):
+    return tuple(_types(a) for a in x) if type(x) is tuple else type(x)
+
+
 def sympify(x) -> Expr:
     """int / SymInt / sympy expr -> sympy expr."""
     if isinstance(x, sympy.Basic):

@@ -154,16 +154,18 @@ class Fusion:
     def creates_cycle(self, a: FusedGroup, b: FusedGroup) -> bool:
         """Is there a path a -> h -> ... -> b (or b -> ... -> a) through a third group h?"""
         for src, dst in ((a, b), (b, a)):
-            stack = [h for h in self.group_users(src) if h is not dst]
-            seen = set()
+            # a group whose first node comes after dst's last one cannot lead back to dst
+            last = dst.max_order
+            stack = [h for h in self.users[src] if h is not dst and h.min_order <= last]
+            seen = set(stack)
             while stack:
-                h = stack.pop()
-                if h in seen or h.min_order > dst.max_order:
-                    continue
-                seen.add(h)
-                if dst in self.group_users(h):
+                users = self.users[stack.pop()]
+                if dst in users:
                     return True
-                stack.extend(u for u in self.group_users(h) if u is not dst)
+                for u in users:
+                    if u not in seen and u.min_order <= last:
+                        seen.add(u)
+                        stack.append(u)
         return False
 
     def accesses_agree(self, a: FusedGroup, b: FusedGroup, group) -> bool:
