@@ -131,7 +131,10 @@ class Remembered:
 
 
 def _types(x):
-    return tuple(_types(a) for a in x) if type(x) is tuple else type(x)
+    if type(x) is not tuple:
+        return type(x)
+    types = tuple(map(type, x))
+    return tuple(_types(a) for a in x) if tuple in types else types
 
 
 def sympify(x) -> Expr:

@@ -14,8 +14,8 @@ import torch
 
 from ..ir.deps import MemoryDep, record
 from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView, Scan
-from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, make_index_vars, product, simplify_index,
-                           statically_known_equal)
+from ..ir.symbolic import (FloorDiv, ModularIndexing, Remembered, contiguous_strides, make_index_vars, product,
+                           simplify_index, statically_known_equal)
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -152,9 +152,17 @@ class SchedulerNode:
 
 
 def canonical(expr, subs: dict, group) -> sympy.Expr:
+    return _canonical(expr, tuple(subs.items()), tuple(group))
+
+
+def _compute_canonical(expr, subs: tuple, group: tuple) -> sympy.Expr:
     X, R = group
-    e = sympy.sympify(expr).xreplace(subs)
+    e = sympy.sympify(expr).xreplace(dict(subs))
     return simplify_index(e, ((XINDEX, X), (RINDEX, R)))
+
+
+# fusion's checks, the memory planner and the kernel backends ask for the same accesses in the same kernels
+_canonical = Remembered(_compute_canonical)
 
 
 def kernel_index_vars(node: SchedulerNode, group):
