@@ -1,6 +1,6 @@
 """ember's own cold-compile time on HF BERT-base and GPT-2 training steps, per stage (runs on the CPU):
-    python -m experiments.compile_time_probe [--models bert,gpt2] [--backend triton|cpp] [--profile N]
-                                             [--dump DIR] [--before OLD.json] [--json NEW.json]
+    python -m experiments.compile_time_probe [--models bert,gpt2] [--backend triton|cpp] [--repeat N]
+        [--clock cpu|wall] [--profile N] [--dump DIR] [--json NEW.json] [--before OLD.json]
 
 Each model (random weights, input randint(0, 30000, (2, 128))) is compiled with
 `torch.compile(model, backend="ember")` and run for one training step (forward, then
@@ -10,18 +10,23 @@ runtime/compile_profile.py and "ember python": the graph's compile time less its
 stage. That stage is where kernels are built and loaded: with `--backend cpp` it waits for the C++
 compiler, with `--backend triton` (the default: kernels rendered as on a GPU, run by Triton's interpreter)
 it only loads the rendered modules. So "ember python" is ember's own Python work per graph: decomposition,
-passes, lowering, scheduling, code generation, rendering, hashing.
+passes, lowering, scheduling, code generation, rendering, hashing; its row "of which garbage collection"
+is the time Python's cyclic collector ran inside it. Per model the probe adds ember's passes before
+AOTAutograd's partition (pre-grad on Dynamo's graph, joint on the joint graph).
 
-Under `--backend triton` the compiled graphs run eagerly by default (`--run eager`: the ATen graph ember
-compiled, with the output strides it planned), since Triton's interpreter takes minutes for one step; what
-is timed is the compile, which is the same either way.
+Seconds are this process's CPU time by default (`--clock cpu`: steadier than wall time on a shared
+machine; `--clock wall` for wall time). `--repeat N` runs N fresh processes and keeps each stage's least
+seconds. Under `--backend triton` the compiled graphs run eagerly by default (`--run eager`: the ATen graph
+ember compiled, with the output strides it planned), since Triton's interpreter takes minutes for one step;
+what is timed is the compile, which is the same either way.
 
 `--profile N` runs cProfile over ember's compile of each graph (`compile_graph`: Dynamo and AOTAutograd
 excluded) and prints the top N functions by cumulative and by own time; under `--backend cpp` the C++
 compiler's wall time appears there as the subprocess wait inside "kernel compile/load", so profile with
 the Triton backend to see ember's Python alone. `--dump DIR` writes each graph's rendered wrapper and
-kernel sources to DIR/<model>/<n>_<kind>.py, to diff the generated code before and after a change.
-`--json` saves the per-stage seconds; `--before` prints them next to a saved run, with the speed-up.
+kernel sources to DIR/<model>/<n>.py (n counts the model's graphs), to diff the generated code before and
+after a change. `--json` saves the per-stage seconds; `--before` prints them next to a saved run, with the
+speed-up.
 """
 from __future__ import annotations
 
