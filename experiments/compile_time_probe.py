@@ -198,7 +198,8 @@ def _table(run: dict, before: dict | None) -> str:
     for model in dict.fromkeys(g["model"] for g in graphs):
         passes = run["passes"].get(model, {})
         old_passes = before["passes"].get(model, {}) if before is not None else {}
-        lines.append(f"{model} before the partition{'':<8}{'now':>9}" + ("" if before is None else f"{'before':>12}{'speed-up':>10}"))
+        head = f"{model} before the partition"
+        lines.append(f"{head:<31}{'now':>9}" + ("" if before is None else f"{'before':>12}{'speed-up':>10}"))
         lines += _rows([(what, s, old_passes.get(what)) for what, s in passes.items()])
         old = _model_seconds(before, model) if before is not None else None
         lines.append(f"{model}: ember python {_model_seconds(run, model):.3f} s (graphs and passes)" +
