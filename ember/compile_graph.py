@@ -40,6 +40,7 @@ from .runtime.checks import EmberNanError
 from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraph_partition import compile_partitioned
 from .runtime.cudagraphs import wrap as cudagraph_runner
+from .runtime.gc_pause import gc_paused
 from .schedule.fusion import Fusion, build_nodes
 from .schedule.overlap import overlap_collectives
 from .lowering.registry import load_all
@@ -135,8 +136,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, is_backward: bool
     groups = rank_agreement.collective_groups(gm)
     given = rank_agreement.graph_as_given(gm) if groups else gm
     try:
-        compiled = _compile(gm, list(example_inputs), kind,
-                            config.cudagraphs if cudagraphs is None else cudagraphs, static_inputs)
+        with gc_paused():
+            compiled = _compile(gm, list(example_inputs), kind,
+                                config.cudagraphs if cudagraphs is None else cudagraphs, static_inputs)
     except Exception as e:
         if groups:
             rank_agreement.all_succeeded(False, groups)
@@ -263,10 +265,14 @@ def _placeholder_values(gm, example_inputs):
 
 
 def _nbytes(lowering):
+    known: dict[str, int] = {}        # fusion scores every candidate pair by these: each is computed once
+
     def nbytes(name: str) -> int:
-        try:
-            buf = lowering.get_buffer(name)
-            return int(hint(buf.layout.storage_size())) * buf.layout.dtype.itemsize
-        except Exception:
-            return 0
+        if name not in known:
+            try:
+                buf = lowering.get_buffer(name)
+                known[name] = int(hint(buf.layout.storage_size())) * buf.layout.dtype.itemsize
+            except Exception:
+                known[name] = 0
+        return known[name]
     return nbytes

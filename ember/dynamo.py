@@ -13,6 +13,7 @@ from .compile_graph import CompiledGraph, compile_graph
 from .device import check_backend_settings
 from .graph.decompose import decomposition_table
 from .graph.passes import joint, pre_grad
+from .runtime.gc_pause import gc_paused
 
 
 def _partition(joint_gm, joint_inputs, **kwargs):
@@ -50,6 +51,11 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     if (mode or "default") not in MODES:
         raise ValueError(f"ember: unknown torch.compile mode {mode!r}; use one of {', '.join(MODES)}")
     cudagraphs = MODES[mode or "default"] or config.cudagraphs
+    with gc_paused():     # the passes, AOTAutograd's trace and partition, and the forward's compile
+        return _compile_dynamo_graph(gm, example_inputs, cudagraphs)
+
+
+def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool):
     gm = pre_grad.run(gm)
     inference = _InferenceCompiler(len(example_inputs), cudagraphs)
     compiler = aot_autograd(

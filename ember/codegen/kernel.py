@@ -4,6 +4,7 @@ value (its dtype and cost from the op table, ember/ir/op_table.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import sympy
@@ -137,7 +138,9 @@ class IndexPrinter(StrPrinter):
 _printer = IndexPrinter()
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
 def print_index(expr) -> str:
+    # remembered: kernels of repeated layers print the same indices, and sympy's printer sorts every sum
     return _printer.doprint(sympy.sympify(expr))
 
 

@@ -56,6 +56,9 @@ class ProgramBuilder:
         outputs = self._output_names()
         local = kernel_local_buffers(self.groups, outputs)
         last = last_uses(self.groups)
+        last_in: dict = {}            # group index -> the buffers it uses last
+        for s, j in last.items():
+            last_in.setdefault(j, []).append(s)
         freeable = {b.get_name() for b in g.buffers if not isinstance(b, MutationBuffer)}
         freeable |= {n for n, b in g.graph_inputs.items() if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
         for i, group in enumerate(self.groups):
@@ -67,7 +70,7 @@ class ProgramBuilder:
             else:
                 for n in group.nodes:
                     self._extern(n.buf)
-            dead = sorted(s for s, j in last.items() if j == i and s in freeable and s not in outputs
+            dead = sorted(s for s in last_in.get(i, ()) if s in freeable and s not in outputs
                           and (s in self.allocated or s in g.graph_inputs))
             if dead:
                 free = Free(dead)

@@ -7,7 +7,7 @@ from typing import Callable
 import sympy
 
 from .ops import DefaultHandler, handler
-from .symbolic import Expr, make_index_vars
+from .symbolic import Expr, free_symbols, make_index_vars, size_symbols
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class RecordingHandler(DefaultHandler):
         return _V
 
     def _note(self, expr):
-        self.symbols |= {x for x in sympy.sympify(expr).free_symbols if x.name[0] in "su"}
+        self.symbols |= size_symbols(expr)
 
     def index_expr(self, expr, dtype):
         self._note(expr)
@@ -57,7 +57,7 @@ class RecordingHandler(DefaultHandler):
     def store(self, name, index, value, mode=None):
         self._note(index)
         self.writes.append(MemoryDep(name, index))
-        if mode is not None or any(s.name.startswith("indirect") for s in sympy.sympify(index).free_symbols):
+        if mode is not None or any(s.name.startswith("indirect") for s in free_symbols(index)):
             # a read-modify-write, or a write to positions known only at run time: the buffer's earlier
             # contents are part of the result, so the store orders and fuses as a read of them too
             self.reads.append(MemoryDep(name, index))

@@ -22,7 +22,7 @@ import torch
 
 from .. import state
 from .ops import ops
-from .symbolic import Expr, contiguous_strides, product, sympify
+from .symbolic import Expr, Remembered, contiguous_strides, product, sympify
 
 
 @dataclasses.dataclass
@@ -35,11 +35,13 @@ class Layout:
 
     def index(self, idx: Sequence[Expr]) -> Expr:
         assert len(idx) == len(self.stride), (idx, self.stride)
-        out = self.offset
-        for i, s, n in zip(idx, self.stride, self.size):
-            if n != 1:  # size-1 dims never move the index, whatever their stride
-                out = out + i * s
-        return out
+        return _position(tuple(idx), tuple(self.size), tuple(self.stride), self.offset, None)
+
+    def relative_index(self, idx: Sequence[Expr], base: Expr) -> Expr:
+        """index(idx) - base: the position relative to a storage offset `base` (where a kernel's pointer
+        points)."""
+        assert len(idx) == len(self.stride), (idx, self.stride)
+        return _position(tuple(idx), tuple(self.size), tuple(self.stride), self.offset, base)
 
     def numel(self) -> Expr:
         return product(self.size)
@@ -62,6 +64,18 @@ class Layout:
     def from_tensor(t: torch.Tensor) -> "Layout":
         return Layout(t.device, t.dtype, [sympify(s) for s in t.size()], [sympify(s) for s in t.stride()],
                       sympify(t.storage_offset()))
+
+
+def _compute_position(idx, size, stride, offset, base) -> Expr:
+    """offset + sum(i * s) over the dims of size other than 1, less `base` (unless None)."""
+    out = offset
+    for i, s, n in zip(idx, stride, size):
+        if n != 1:  # size-1 dims never move the index, whatever their stride
+            out = out + i * s
+    return out if base is None else out - base
+
+
+_position = Remembered(_compute_position)
 
 
 class IRNode:
@@ -173,7 +187,7 @@ class Buffer(IRNode):
 
     def make_loader(self):
         name, layout = self.storage_name(), self.layout
-        return lambda idx: ops.load(name, layout.index(idx) - layout.offset)
+        return lambda idx: ops.load(name, layout.relative_index(idx, layout.offset))
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name}, {self.layout.dtype if self.layout else None}, size={self.layout.size if self.layout else None})"
@@ -203,9 +217,9 @@ class ComputedBuffer(Buffer):
         """Run the computation for one output element (and one reduction element) and store it."""
         # kernels get the tensor itself, whose data pointer already includes its storage offset
         if isinstance(self.data, Scan):
-            idx = self.layout.index(self.data.output_index(index, rindex)) - self.layout.offset
+            idx = self.layout.relative_index(self.data.output_index(index, rindex), self.layout.offset)
             return ops.store(self.storage_name(), idx, self.data.body(index, rindex))
-        idx = self.layout.index(index) - self.layout.offset
+        idx = self.layout.relative_index(index, self.layout.offset)
         if isinstance(self.data, Reduction):
             return ops.store_reduction(self.storage_name(), idx, self.data.body(index, rindex))
         return ops.store(self.storage_name(), idx, self.data.inner_fn(index))
@@ -233,7 +247,7 @@ class ScatterBuffer(MutationBuffer):
         self.indexer, self.mode = indexer, mode
 
     def store_body(self, index, rindex=()):
-        idx = self.layout.index(self.indexer(index)) - self.layout.offset
+        idx = self.layout.relative_index(self.indexer(index), self.layout.offset)
         return ops.store(self.storage_name(), idx, self.data.inner_fn(index), mode=self.mode)
 
 
@@ -296,7 +310,7 @@ class ReinterpretView(IRNode):
     def make_loader(self):
         # relative to the base tensor's data pointer, which already includes the base's offset
         name, layout, base = self.data.storage_name(), self.layout, self.data.layout.offset
-        return lambda idx: ops.load(name, layout.index(idx) - base)
+        return lambda idx: ops.load(name, layout.relative_index(idx, base))
 
 
 # --- the box lowerings pass around ----------------------------------------------------------------------

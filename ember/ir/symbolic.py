@@ -106,6 +106,37 @@ def _is_multiple(term: Expr, divisor: Expr) -> bool:
     return False
 
 
+class Remembered:
+    """fn's results by its arguments (sympy values, numbers and tuples of them), for index arithmetic that
+    every run of an inner_fn repeats: dependencies, fusion checks, the structural key and each kernel
+    backend run the same bodies. A key holds each value's type too: a Python int and the sympy Integer
+    equal to it are equal dict keys but give results of different types. Unhashable arguments are computed,
+    not remembered."""
+
+    def __init__(self, fn, max_size: int = 1 << 16):
+        self.fn, self.max_size, self.results = fn, max_size, {}
+
+    def __call__(self, *args):
+        try:
+            key = (args, _types(args))
+            out = self.results.get(key, self)
+        except TypeError:
+            return self.fn(*args)
+        if out is self:
+            out = self.fn(*args)
+            if len(self.results) >= self.max_size:
+                self.results.clear()
+            self.results[key] = out
+        return out
+
+
+def _types(x):
+    if type(x) is not tuple:
+        return type(x)
+    types = tuple(map(type, x))
+    return tuple(_types(a) for a in x) if tuple in types else types
+
+
 def sympify(x) -> Expr:
     """int / SymInt / sympy expr -> sympy expr."""
     if isinstance(x, sympy.Basic):
@@ -330,7 +361,19 @@ def _known_ge(a: Expr, b: Expr) -> bool:
 
 
 def size_symbols(expr) -> set:
-    return {s for s in sympy.sympify(expr).free_symbols if _is_size_symbol(s)}
+    return set(_size_symbols(expr))
+
+
+@functools.lru_cache(maxsize=65536)
+def free_symbols(expr) -> frozenset:
+    """expr's free symbols, remembered: sympy walks the whole tree each time it is asked, and every
+    inner_fn asks it of the same indices over and over."""
+    return frozenset(sympy.sympify(expr).free_symbols)
+
+
+@functools.lru_cache(maxsize=65536)
+def _size_symbols(expr) -> frozenset:
+    return frozenset(s for s in free_symbols(expr) if _is_size_symbol(s))
 
 
 # -- simplification with the index variables' bounds ---------------------------------------------------

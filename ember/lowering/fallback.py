@@ -157,11 +157,61 @@ def _fake_tensor(x):
     return torch.empty(max(extent, 1), dtype=l.dtype, device=l.device).as_strided(size, stride, offset)
 
 
+_fake_modes: list = []
+
+
+def _fake_mode():
+    """The fake mode the meta runs use: one for the process, as making a mode records a stack trace and
+    a graph runs hundreds of fallbacks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    if not _fake_modes:
+        _fake_modes.append(FakeTensorMode(allow_non_fake_inputs=True))
+    return _fake_modes[0]
+
+
+# _run_on_meta's answers by op and arguments (their layouts, for tensors): the same layer repeated asks the
+# same question, and each asks the fake mode to build its inputs and dispatch the op
+_meta_runs: dict = {}
+_META_RUNS_MAX = 1 << 14
+
+
+class _Unkeyable(Exception):
+    pass
+
+
+def _meta_key(a):
+    if isinstance(a, (Buffer, ReinterpretView)):
+        if a.layout is None:
+            raise _Unkeyable
+        l = a.layout
+        return ("t", l.device, l.dtype, tuple(l.size), tuple(l.stride), l.offset)
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple(_meta_key(b) for b in a))
+    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                   torch.memory_format, sympy.Basic)):
+        return (type(a), a)
+    raise _Unkeyable
+
+
 def _run_on_meta(op, ir_args, ir_kwargs):
-    """The op's outputs for fake inputs with the layouts its inputs really have (None if it can't run).
-    Fake tensors on the real device, not meta-device tensors: some meta functions choose strides by
+    """The op's outputs for fake inputs with the layouts its inputs really have (None if it can't run)."""
+    try:
+        key = (op, torch.get_default_dtype(), _meta_key(list(ir_args)),
+               tuple((k, _meta_key(v)) for k, v in ir_kwargs.items()))
+        hash(key)
+    except (_Unkeyable, TypeError):
+        return _meta_run(op, ir_args, ir_kwargs)
+    if key not in _meta_runs:
+        if len(_meta_runs) >= _META_RUNS_MAX:
+            _meta_runs.clear()
+        _meta_runs[key] = _meta_run(op, ir_args, ir_kwargs)
+    return _meta_runs[key]
+
+
+def _meta_run(op, ir_args, ir_kwargs):
+    """Fake tensors on the real device, not meta-device tensors: some meta functions choose strides by
     device (LAPACK's column-major results on CPU)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     found = []
 
     def convert(a):
@@ -173,7 +223,7 @@ def _run_on_meta(op, ir_args, ir_kwargs):
         return a
 
     try:
-        with unset_fake_temporarily(), FakeTensorMode(allow_non_fake_inputs=True):
+        with unset_fake_temporarily(), _fake_mode():
             margs = [convert(a) for a in ir_args]
             mkwargs = {k: convert(v) for k, v in ir_kwargs.items()}
             return op(*margs, **mkwargs) if found else None

@@ -46,10 +46,10 @@ def broadcast_loader(x: TensorBox, out_size):
     size = x.get_size()
     loader = x.make_loader()
     offset = len(out_size) - len(size)
+    broadcast = [s == 1 and out_size[i + offset] != 1 for i, s in enumerate(size)]
 
     def load(idx):
-        return loader([sympy.Integer(0) if (s == 1 and out_size[i + offset] != 1) else idx[i + offset]
-                       for i, s in enumerate(size)])
+        return loader([sympy.Integer(0) if b else idx[i + offset] for i, b in enumerate(broadcast)])
     return load
 
 
@@ -61,8 +61,22 @@ def _promotion_arg(x):
     return x
 
 
+# promote's answers: type promotion reads only the tensors' dtypes and dimensions, the scalars' types and
+# the default dtype, while building its meta tensors costs a fake-tensor dispatch each
+_promotions: dict = {}
+
+
 def promote(args, kind=KIND.DEFAULT):
     """(compute dtype for the inputs, result dtype) for elementwise args under `kind`."""
+    key = (kind, torch.get_default_dtype(),
+           tuple(("t", a.dtype, a.dim()) if is_tensor(a) else ("s", type(_promotion_arg(a)))
+                 for a in args if a is not None))
+    if key not in _promotions:
+        _promotions[key] = _promote(args, kind)
+    return _promotions[key]
+
+
+def _promote(args, kind):
     vals = [_promotion_arg(a) for a in args if a is not None]
     _, result = elementwise_dtypes(*vals, type_promotion_kind=kind)
     if kind == KIND.ALWAYS_BOOL:

@@ -7,8 +7,8 @@ import torch
 
 from .. import state
 from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
-from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, hint, product, settle_min_max,
-                           statically_known_equal, sympify, sympy_list)
+from ..ir.symbolic import (FloorDiv, ModularIndexing, Remembered, contiguous_strides, hint, product,
+                           settle_min_max, statically_known_equal, sympify, sympy_list)
 from .layouts import is_dense
 from .registry import Unsupported, lower
 
@@ -296,7 +296,7 @@ def view(x, size):
     old_strides = contiguous_strides(old)
     new_strides = contiguous_strides(size)
 
-    def reindex(idx):
+    def unflatten(idx: tuple) -> tuple:
         flat = sum((i * s for i, s in zip(idx, new_strides)), sympy.Integer(0))
         out = []
         for j, (n, st) in enumerate(zip(old, old_strides)):
@@ -306,9 +306,10 @@ def view(x, size):
                 out.append(FloorDiv(flat, st))
             else:
                 out.append(ModularIndexing(flat, st, n))
-        return out
+        return tuple(out)
 
-    return make_view(x, size, layout_fn, reindex)
+    remembered = Remembered(unflatten)     # each run of a reader's inner_fn asks again
+    return make_view(x, size, layout_fn, lambda idx: list(remembered(tuple(idx))))
 
 
 def _view_strides(old_size, old_stride, new_size):

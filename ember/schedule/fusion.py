@@ -114,30 +114,58 @@ class Fusion:
         self.groups: list[FusedGroup] = []
         for n in nodes:
             self._add(FusedGroup([n]))
+        # the edges between live groups (g -> the groups with a node that must run after one of g's), kept
+        # up to date as groups merge: the legality checks walk them for every candidate pair
+        self.users: dict[FusedGroup, set] = {
+            g: {self.group_of[u] for n in g.nodes for u in n.users} - {g} for g in self.groups}
+        self.preds: dict[FusedGroup, set] = {g: set() for g in self.groups}
+        for g, users in self.users.items():
+            for u in users:
+                self.preds[u].add(g)
 
     def _add(self, g: FusedGroup):
         self.groups.append(g)
         for n in g.nodes:
             self.group_of[n] = g
 
+    def _merge(self, a: FusedGroup, b: FusedGroup) -> FusedGroup:
+        """One group in place of a and b; the edges of either are the merged group's."""
+        merged = FusedGroup(a.nodes + b.nodes)
+        a.alive = b.alive = False
+        self._add(merged)
+        pair = {a, b}
+        users = (self.users.pop(a) | self.users.pop(b)) - pair
+        preds = (self.preds.pop(a) | self.preds.pop(b)) - pair
+        for p in preds:
+            self.users[p] -= pair
+            self.users[p].add(merged)
+        for u in users:
+            self.preds[u] -= pair
+            self.preds[u].add(merged)
+        self.users[merged], self.preds[merged] = users, preds
+        return merged
+
     # -- legality ----------------------------------------------------------------------------------
 
     def group_users(self, g: FusedGroup) -> set:
-        return {self.group_of[u] for n in g.nodes for u in n.users} - {g}
+        """The live groups that must run after g (not to be changed by the caller)."""
+        return self.users[g]
 
     def creates_cycle(self, a: FusedGroup, b: FusedGroup) -> bool:
         """Is there a path a -> h -> ... -> b (or b -> ... -> a) through a third group h?"""
         for src, dst in ((a, b), (b, a)):
-            stack = [h for h in self.group_users(src) if h is not dst]
-            seen = set()
+            # a group whose first node comes after dst's last one cannot lead back to dst
+            last = dst.max_order
+            stack = [h for h in self.users[src] if h is not dst and h.min_order <= last]
+            seen = set(stack)
             while stack:
-                h = stack.pop()
-                if h in seen or h.min_order > dst.max_order:
-                    continue
-                seen.add(h)
-                if dst in self.group_users(h):
+                users = self.users[stack.pop()]
+                if dst in users:
                     return True
-                stack.extend(u for u in self.group_users(h) if u is not dst)
+                for u in users:
+                    if u not in seen and u.min_order <= last:
+                        seen.add(u)
+                        stack.append(u)
         return False
 
     def accesses_agree(self, a: FusedGroup, b: FusedGroup, group) -> bool:
@@ -245,9 +273,7 @@ class Fusion:
                 continue
             if self.can_fuse(a, b) is None:
                 continue
-            merged = FusedGroup(a.nodes + b.nodes)
-            a.alive = b.alive = False
-            self._add(merged)
+            merged = self._merge(a, b)
             index(merged)
             push_pairs(merged)
         self.fuse_small_siblings()
@@ -266,10 +292,7 @@ class Fusion:
                           key=lambda g: g.min_order)
             for k in kids[1:]:
                 if self.can_fuse(kids[0], k) is not None:
-                    merged = FusedGroup(kids[0].nodes + k.nodes)
-                    kids[0].alive = k.alive = False
-                    self._add(merged)
-                    kids[0] = merged
+                    kids[0] = self._merge(kids[0], k)
 
     def ordered(self) -> list[FusedGroup]:
         """Live groups in a topological order (by each group's first node where free to choose)."""

@@ -14,8 +14,8 @@ import torch
 
 from ..ir.deps import MemoryDep, record
 from ..ir.nodes import Buffer, ComputedBuffer, ExternKernel, MultiOutput, Reduction, ReinterpretView, Scan
-from ..ir.symbolic import (FloorDiv, ModularIndexing, contiguous_strides, make_index_vars, product, simplify_index,
-                           statically_known_equal)
+from ..ir.symbolic import (FloorDiv, ModularIndexing, Remembered, contiguous_strides, make_index_vars, product,
+                           simplify_index, statically_known_equal)
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -33,6 +33,10 @@ class SchedulerNode:
         self.ranges: list = []
         self.rranges: list = []
         self.op_count = 0
+        # split and flat_vars per kernel shape: fusion asks them for every candidate pair, codegen again
+        self._splits: dict = {}
+        self._flat_vars: dict = {}
+        self._group = None
         if isinstance(buf, ComputedBuffer):
             data = buf.data
             self.ranges = list(data.ranges)
@@ -82,14 +86,21 @@ class SchedulerNode:
 
     def group(self) -> tuple:
         """(xnumel, rnumel) of the kernel this node alone would be."""
-        if self.is_reduction():
-            return (product(self.ranges), product(self.rranges))
-        return (product(self.ranges), sympy.Integer(1))
+        if self._group is None:
+            r = product(self.rranges) if self.is_reduction() else sympy.Integer(1)
+            self._group = (product(self.ranges), r)
+        return self._group
 
     # -- placing into a kernel of shape (X, R) ------------------------------------------------------------
 
     def split(self, group) -> Optional[tuple]:
         """(x dims, r dims) of this node in a kernel of `group`, or None if it does not fit."""
+        group = tuple(group)
+        if group not in self._splits:
+            self._splits[group] = self._split(group)
+        return self._splits[group]
+
+    def _split(self, group) -> Optional[tuple]:
         X, R = group
         if self.is_reduction():
             if statically_known_equal(product(self.ranges), X) and statically_known_equal(product(self.rranges), R):
@@ -111,6 +122,13 @@ class SchedulerNode:
 
     def flat_vars(self, group) -> Optional[dict]:
         """Substitution from this node's loop variables to kernel flat-index expressions."""
+        group = tuple(group)
+        if group not in self._flat_vars:
+            self._flat_vars[group] = self._compute_flat_vars(group)
+        subs = self._flat_vars[group]
+        return None if subs is None else dict(subs)
+
+    def _compute_flat_vars(self, group) -> Optional[dict]:
         sp = self.split(group)
         if sp is None:
             return None
@@ -134,9 +152,17 @@ class SchedulerNode:
 
 
 def canonical(expr, subs: dict, group) -> sympy.Expr:
+    return _canonical(expr, tuple(subs.items()), tuple(group))
+
+
+def _compute_canonical(expr, subs: tuple, group: tuple) -> sympy.Expr:
     X, R = group
-    e = sympy.sympify(expr).xreplace(subs)
+    e = sympy.sympify(expr).xreplace(dict(subs))
     return simplify_index(e, ((XINDEX, X), (RINDEX, R)))
+
+
+# fusion's checks, the memory planner and the kernel backends ask for the same accesses in the same kernels
+_canonical = Remembered(_compute_canonical)
 
 
 def kernel_index_vars(node: SchedulerNode, group):

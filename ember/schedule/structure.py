@@ -78,7 +78,9 @@ def _norm(x):
     if isinstance(x, float):
         return ("f", repr(x))           # NaN equals itself this way
     if isinstance(x, sympy.Basic):
-        return ("e", sympy.srepr(x))
+        # the expression itself: sympy's equality and hash are structural (assumptions of symbols included),
+        # and comparing cached hashes costs far less than printing every index of every kernel
+        return ("e", x)
     if isinstance(x, torch.dtype):
         return ("dt", str(x))
     if isinstance(x, (tuple, list)):

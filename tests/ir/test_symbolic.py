@@ -138,3 +138,23 @@ def test_index_printer_spells_torchs_ceil_and_floor_of_a_ratio():
                       (FloorToInt(IntTrueDiv(s + 3, 4)) * 16, lambda v: (v + 3) // 4 * 16)):
         src = print_index(expr)
         assert [eval(src, {"s0": v}) for v in (1, 15, 16, 17, 33, 1000)] == [ref(v) for v in (1, 15, 16, 17, 33, 1000)]
+
+
+def test_remembered_keys_values_by_type_and_computes_unhashable_arguments():
+    from ember.ir.symbolic import Remembered
+    calls = []
+
+    def describe(*args):
+        calls.append(args)
+        return tuple(type(a).__name__ for a in args)
+
+    remembered = Remembered(describe)
+    assert remembered(3, (sympy.Integer(2),)) == ("int", "tuple")
+    assert remembered(3, (sympy.Integer(2),)) == ("int", "tuple")
+    assert len(calls) == 1                      # asked again: remembered
+    # 3 == Integer(3) and 2 == 2 as dict keys, but other types: computed anew, not the int's answer
+    assert remembered(sympy.Integer(3), (2,)) == ("Integer", "tuple")
+    assert len(calls) == 2
+    assert remembered([1], 2) == ("list", "int")    # unhashable: computed each time
+    assert remembered([1], 2) == ("list", "int")
+    assert len(calls) == 4

@@ -9,11 +9,12 @@ in the inner index: contiguous vector loads, or one value per row hoisted out of
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, hint, simplify_index
+from ...ir.symbolic import FloorDiv, ModularIndexing, Remembered, hint, simplify_index
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -60,7 +61,9 @@ class CppIndexPrinter(IndexPrinter):
 _printer = CppIndexPrinter()
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
 def cpp_index(expr) -> str:
+    # remembered, as print_index is
     return _printer.doprint(sympy.sympify(expr))
 
 
@@ -76,13 +79,17 @@ def _vector_friendly(e, var) -> bool:
         return False
 
 
-def split_rows(expr, X, R):
-    """A flat pointwise index in terms of rows of R elements: xindex -> R*xindex + rindex, simplified
-    with 0 <= rindex < R (valid for any R that divides X)."""
+def _split_rows(expr, X, R):
     flat = simplify_index(sympy.sympify(expr), ((XINDEX, X),))
     e = sympy.expand(flat.xreplace({XINDEX: R * XINDEX + RINDEX}))
     ranges = ((XINDEX, _exact_div(X, R)), (RINDEX, R))
     return simplify_index(e, ranges)
+
+
+# split_rows(expr, X, R): a flat pointwise index in terms of rows of R elements: xindex -> R*xindex + rindex,
+# simplified with 0 <= rindex < R (valid for any R that divides X). Remembered: choosing the rows tries
+# every candidate R on every access, and kernels of repeated layers ask the same
+split_rows = Remembered(_split_rows)
 
 
 def _exact_div(X, R):
