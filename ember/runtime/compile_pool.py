@@ -9,7 +9,10 @@ first launch computes. The launches then load binaries instead of compiling them
 changes nothing but speed: the launch compiles the kernel itself and reports any error as before.
 
 Workers start when the first GPU graph is generated (`start()`), in the background, and live until
-exit. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process).
+exit. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
+all compiled once leave a marker in ember's cache (named by the jobs, Triton's version and its cache
+directory): a later process loading the same kernels (a warm start from the graph cache) sends nothing
+and starts no workers.
 """
 from __future__ import annotations
 
@@ -140,15 +143,25 @@ def _target() -> tuple:
 
 
 def precompile(module, helpers, kernels: list) -> None:
-    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done."""
+    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done.
+    Jobs the pool has compiled before (a warm start: the same module, helpers, target and Triton cache) are
+    not sent again, and a warm start with nothing to send starts no workers."""
     specs = [(k.name, k.warm, cfg) for k in kernels if k.warm is not None for cfg in k.warm.configs]
-    pool = start()
-    if pool is None or len(specs) < 2:
+    if _workers() < 2 or len(specs) < 2:
         return
     target = _target()
     jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
              "args": warm.args, "configs": [cfg]} for name, warm, cfg in specs]
+    marker = _done_marker(jobs)
+    if marker is not None and os.path.exists(marker):
+        log.debug("ember: %d kernel configs compiled by an earlier process; no workers asked", len(jobs))
+        return
+    pool = start()
+    if pool is None:
+        return
     errors = pool.run(jobs)
+    if not errors and marker is not None:
+        _write_marker(marker)
     for err in errors:
         log.debug("ember: a compile worker could not compile a kernel (its launch will): %s", err)
     if errors and len(errors) == len(jobs) and not pool.warned:
@@ -156,3 +169,41 @@ def precompile(module, helpers, kernels: list) -> None:
         log.warning("ember: the compile workers failed on every kernel, so kernels compile one by one at their "
                     "first launch (slower; set ember.config.compile_workers=0 to skip the pool). First error:\n%s",
                     errors[0])
+
+
+def _done_marker(jobs: list) -> str | None:
+    """The file that says these jobs all compiled into the current Triton cache: named by the jobs (module
+    and helpers paths, which hold their sources' hashes; kernels, arguments, configs, target), Triton's
+    version and its cache directory, under ember's cache. If Triton's cache loses a binary anyway, its
+    first launch compiles it, as without workers."""
+    try:
+        import hashlib
+        import triton
+        from .loader import cache_dir
+        triton_cache = _triton_cache_dir()
+        if not triton_cache or not os.path.isdir(triton_cache):
+            return None
+        key = hashlib.sha256(repr((jobs, triton.__version__, os.path.abspath(triton_cache))).encode()).hexdigest()
+        return os.path.join(cache_dir(), "precompiled", key[:32])
+    except Exception as e:          # noqa: BLE001 - without a marker the jobs run, as always
+        log.debug("ember: no precompile marker: %s", e)
+        return None
+
+
+def _write_marker(path: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w"):
+            pass
+    except OSError as e:
+        log.debug("ember: precompile marker not written: %s", e)
+
+
+def _triton_cache_dir() -> str | None:
+    try:
+        from triton import knobs            # Triton >= 3.4
+        return knobs.cache.dir
+    except (ImportError, AttributeError):
+        from triton.runtime.cache import default_cache_dir
+        return os.environ.get("TRITON_CACHE_DIR") or default_cache_dir()
+

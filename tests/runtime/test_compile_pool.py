@@ -132,6 +132,39 @@ def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
     assert len(warnings) == 1 and "no GPU here" in warnings[0].getMessage()
 
 
+def test_a_warm_start_asks_no_workers(monkeypatch, tmp_path):
+    """Jobs the pool compiled into the current Triton cache are not sent again from a later process (the
+    same module, configs and cache): no workers start. Another Triton cache sends them again."""
+    import types
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "ember"))
+    triton_cache = tmp_path / "triton"
+    triton_cache.mkdir()
+    monkeypatch.setattr(compile_pool, "_triton_cache_dir", lambda: str(triton_cache))
+    monkeypatch.setattr(compile_pool, "_target", lambda: ("cuda", 90, 32))
+    runs = []
+
+    class Pool:
+        broken = warned = False
+
+        def run(self, jobs):
+            runs.append(len(jobs))
+            return []
+    monkeypatch.setattr(compile_pool, "start", lambda: Pool())
+    mod = types.SimpleNamespace(__file__="ember_kernels_0123.py")
+    kernels = [types.SimpleNamespace(name=f"k{i}", warm=compile_pool.WarmSpec([torch.float32, 8], [{"XBLOCK": 8}]))
+               for i in range(3)]
+    compile_pool.precompile(mod, mod, kernels)
+    monkeypatch.setattr(compile_pool, "start", lambda: pytest.fail("a warm start started the workers"))
+    compile_pool.precompile(mod, mod, kernels)
+    assert runs == [3]
+    other = tmp_path / "triton2"
+    other.mkdir()
+    monkeypatch.setattr(compile_pool, "_triton_cache_dir", lambda: str(other))
+    monkeypatch.setattr(compile_pool, "start", lambda: Pool())
+    compile_pool.precompile(mod, mod, kernels)
+    assert runs == [3, 3]
+
+
 def test_a_worker_stuck_on_a_kernel_is_stopped_and_the_pool_set_aside(monkeypatch, tmp_path):
     """A worker that never answers must not hang the program: after JOB_TIMEOUT_S its job fails, the
     worker is killed and the pool is marked broken (launches then compile their kernels themselves)."""
