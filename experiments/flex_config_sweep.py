@@ -17,33 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import ember
+from benchmarks.kernels import timer
 from ember.codegen.triton import flex_launch
+
+_median_ms = timer("cuda", 10)     # median ms of a call, after warm-up calls
 
 FWD = [(128, 128, 4, 3), (128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 2)]
 # (dq BLOCK_M2, BLOCK_N2, dk/dv BLOCK_M1, BLOCK_N1, warps, stages)
 BWD = [(128, 64, 64, 128, 8, 3), (64, 64, 64, 64, 4, 3), (64, 64, 64, 128, 8, 3), (64, 64, 64, 64, 8, 3),
        (64, 64, 32, 128, 4, 3), (128, 64, 64, 128, 8, 2), (64, 64, 64, 64, 4, 2)]
-
-
-def _median_ms(fn, iters=10) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def _mask_fn(name, window):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import logging
 import os
 import pickle
@@ -177,7 +178,6 @@ def _done_marker(jobs: list) -> str | None:
     version and its cache directory, under ember's cache. If Triton's cache loses a binary anyway, its
     first launch compiles it, as without workers."""
     try:
-        import hashlib
         import triton
         from .loader import cache_dir
         triton_cache = _triton_cache_dir()
