@@ -87,9 +87,11 @@ def cache(action: str) -> int:
     folders = cache_dir.usage(root)
     total = sum(b for _, b in folders.values())
     graphs = folders.get(cache_dir.GRAPHS, (0, 0))[0]
+    whole = folders.get(cache_dir.WHOLE, (0, 0))[0]
     private = "private" if cache_dir.is_private(root) else "NOT private: compiled graphs are not cached here"
     print(f"ember cache: {root} ({private})")
-    print(f"  {graphs} compiled graph{'' if graphs == 1 else 's'}; {total / 1e6:.1f} MB of "
+    print(f"  {graphs} compiled graph{'' if graphs == 1 else 's'}, {whole} with AOTAutograd's trace "
+          f"(whole Dynamo graphs); {total / 1e6:.1f} MB of "
           f"{config.cache_max_gb:g} GB (ember.config.cache_max_gb); graph cache "
           f"{'on' if config.graph_cache else 'off'} (ember.config.graph_cache)")
     for name, (n, b) in sorted(folders.items()):

@@ -68,6 +68,8 @@ class CompiledGraph:
         self.calls_aten = calls_aten
         self.output_strides = ()   # where the forward's layouts were planned: its backward reads these
         self.rank_local_fallback = True     # a failed first run may run eagerly on this rank alone
+        self.cache_entry = None    # (key, bytes) of this graph's graph-cache entry, where it has one
+        self.load_gm = None        # where `gm` is None: a callable that returns it (a graph loaded from a cache)
 
     def __call__(self, args):
         if self.checked:
@@ -81,8 +83,11 @@ class CompiledGraph:
             # a NaN found by config.check_nans is what the user asked to see, and eager computes it too
             # ... and a graph with collectives: the failure is this rank's, and running eagerly here alone
             # could change the sequence of collectives the ranks issue
-            if not config.fallback_on_error or isinstance(e, EmberNanError) or not self.rank_local_fallback:
+            if not config.fallback_on_error or isinstance(e, EmberNanError) or not self.rank_local_fallback \
+                    or self.gm is None and self.load_gm is None:
                 raise
+            if self.gm is None:
+                self.gm = self.load_gm()
             _warn(f"ember: the compiled graph failed on its first run ({type(e).__name__}: {e}); "
                   f"running it eagerly from now on")
             metrics.eager_fallbacks += 1
@@ -184,18 +189,46 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> 
             if cache is not None:
                 with profile.stage("cache store"):
                     cache.store(program, kernel_count)
-        profile.kernels = kernel_count
-        with profile.stage("render"):
-            fn, source = compile_fx(program) if config.wrapper == "fx" else compile_python(program)
-        fn = guard_current_device(fn, program)
-        if cudagraphs:
-            fn = cudagraph_runner(fn, gm, example_inputs, kind, static_inputs)
-        dump.write("wrapper.py", source)
-        by_extension: dict = {}
-        for k in program.kernels():
-            by_extension.setdefault(k.backend.file_extension, []).append(k.source)
-        for ext, sources in by_extension.items():
-            dump.write(f"kernels.{ext}", "\n\n".join(sources))
+        compiled = _assemble(program, kernel_count, kernels, gm, kind, profile, dump, report,
+                             cudagraph=(example_inputs, static_inputs) if cudagraphs else None)
+    if cache is not None and cache.payload is not None:
+        compiled.cache_entry = (cache.key, cache.payload)
+    return compiled
+
+
+def load_compiled(entry: bytes, key: str, load_gm, kind: str) -> CompiledGraph:
+    """A compiled graph from a graph-cache entry's bytes (`CompiledGraph.cache_entry` of the graph compiled
+    under `key`), rendered and loaded as a hit of the graph cache is (runtime/whole_graph_cache.py).
+    `load_gm()` returns the graph, which an eager fallback runs (or None: no fallback). Raises when the
+    entry does not load."""
+    with CompileProfile(kind) as profile:
+        with profile.stage("cache lookup"):
+            cached = graph_cache.from_payload(entry, key)
+        if cached is None:
+            metrics.graph_cache_misses += 1
+            raise EmberCompileError("a whole-graph entry's compiled graph does not load")
+        metrics.graph_cache_hits += 1
+        profile.cache = "hit"
+        compiled = _assemble(cached.program, cached.kernel_count, [], None, kind, profile, DebugDump(kind), None)
+    compiled.cache_entry, compiled.load_gm = (key, entry), load_gm
+    return compiled
+
+
+def _assemble(program, kernel_count, kernels, gm, kind, profile, dump, report, cudagraph=None) -> CompiledGraph:
+    """The compiled graph of a program: its wrapper rendered and its kernels loaded (`cudagraph`: (example
+    inputs, static inputs) to record it into CUDA graphs)."""
+    profile.kernels = kernel_count
+    with profile.stage("render"):
+        fn, source = compile_fx(program) if config.wrapper == "fx" else compile_python(program)
+    fn = guard_current_device(fn, program)
+    if cudagraph is not None:
+        fn = cudagraph_runner(fn, gm, cudagraph[0], kind, cudagraph[1])
+    dump.write("wrapper.py", source)
+    by_extension: dict = {}
+    for k in program.kernels():
+        by_extension.setdefault(k.backend.file_extension, []).append(k.source)
+    for ext, sources in by_extension.items():
+        dump.write(f"kernels.{ext}", "\n\n".join(sources))
     metrics.graphs_compiled += 1
     metrics.generated_kernel_count += kernel_count
     seconds = sum(profile.seconds.values())

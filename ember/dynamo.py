@@ -2,6 +2,7 @@
 partition) -> compile_graph for the forward, backward or inference graph."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -13,6 +14,7 @@ from .compile_graph import CompiledGraph, compile_graph
 from .device import check_backend_settings
 from .graph.decompose import decomposition_table
 from .graph.passes import joint, pre_grad
+from .runtime import whole_graph_cache
 from .runtime.gc_pause import gc_paused
 
 
@@ -58,15 +60,30 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
 def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool):
     gm = pre_grad.run(gm)
     inference = _InferenceCompiler(len(example_inputs), cudagraphs)
+    fw_compiler = functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs)
+    bw_compiler = functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs)
+    inference_compiler = inference
+    # a warm start loads the whole result from AOTAutograd's cache (runtime/whole_graph_cache.py)
+    key_tag = None if cudagraphs or config.joint_passes else whole_graph_cache.tag(gm, example_inputs)
+    if key_tag is not None:
+        fw_compiler = whole_graph_cache.serializable(fw_compiler, "forward")
+        bw_compiler = whole_graph_cache.serializable(bw_compiler, "backward")
+        inference_compiler = whole_graph_cache.serializable(
+            inference, "inference", lambda compiled: inference.dims if compiled is inference.graph else None)
     compiler = aot_autograd(
-        fw_compiler=functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs),
-        bw_compiler=functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs),
-        inference_compiler=inference,
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
+        inference_compiler=inference_compiler,
         partition_fn=_partition,
         decompositions=decomposition_table(),
         keep_inference_input_mutations=True,
     )
-    compiled = compiler(gm, example_inputs)
+    with whole_graph_cache.lookup_and_store(key_tag) if key_tag is not None else contextlib.nullcontext([]) as loaded:
+        compiled = compiler(gm, example_inputs)
+    metrics.whole_graph_hits += bool(loaded)
+    for code in loaded:             # a hit: the inference graph's direct call, as its compile decided
+        if code.kind == "inference" and code.direct_dims is not None:
+            inference.graph, inference.dims = code.compiled, code.direct_dims
     if inference.graph is not None and config.direct_inference_call:
         from .runtime.direct_call import direct
         metrics.direct_graphs += 1

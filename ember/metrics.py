@@ -22,6 +22,7 @@ _COUNTS = {
     "cudagraph_partitions": "captured partitions of graphs split around what CUDA graphs cannot record",
     "graph_cache_hits": "graphs loaded from the on-disk graph cache",
     "graph_cache_misses": "graphs compiled while the graph cache was on",
+    "whole_graph_hits": "Dynamo graphs loaded whole, AOTAutograd's trace and partition included",
     "template_kernels": "GEMM template kernels generated",
     "fused_epilogue_nodes": "pointwise nodes computed in a GEMM template's epilogue",
     "collective_buckets": "buckets of collectives merged into one (graph/passes/bucket_collectives.py)",
@@ -33,7 +34,7 @@ graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks =
 scatters_in_place = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
-graph_cache_hits = graph_cache_misses = linear_cross_entropy_rewrites = 0
+graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = 0
 template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
 flex_attention_kernels = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)

@@ -3,6 +3,7 @@
 One root holds everything ember keeps between processes:
 
     graphs/ab/<key>        compiled graphs (runtime/graph_cache.py)
+    whole/ab/<key>         AOTAutograd's entries of whole Dynamo graphs (runtime/whole_graph_cache.py)
     cpp/ab/ember_cpp_*     C++ kernel sources and shared libraries (codegen/cpp/build.py)
     cpp/flags_*, prelude_* the C++ toolchain's probed flags and precompiled prelude
     autotune/*.json        autotuning choices (runtime/autotune.py)
@@ -25,9 +26,10 @@ import tempfile
 import time
 
 GRAPHS = "graphs"
+WHOLE = "whole"           # AOTAutograd's entries of whole Dynamo graphs (runtime/whole_graph_cache.py)
 STALE_TMP_S = 3600        # a temporary file this old was left by a process that died while writing it
 # folders whose files eviction may remove: each file is one cached artifact, found again by its name
-_EVICTABLE_FOLDERS = (GRAPHS, "autotune")
+_EVICTABLE_FOLDERS = (GRAPHS, WHOLE, "autotune")
 
 
 def default_root() -> str:

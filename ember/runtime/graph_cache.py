@@ -55,6 +55,7 @@ class GraphCache:
         self.key, self.path, self.env = key, path, env
         self.guards_before = len(env.guards) if env is not None else 0
         self.counters_before = _counters()
+        self.payload: Optional[bytes] = None     # the entry as stored: what a whole-graph entry embeds
 
     def load(self) -> Optional[CachedGraph]:
         payload = read_checked(self.path)
@@ -62,24 +63,11 @@ class GraphCache:
             if os.path.exists(self.path):
                 log.debug("ember graph cache: %s is truncated or corrupted; ignored, the graph compiles", self.path)
             return None
-        try:
-            entry = program_pickle.loads(payload)
-        except Exception as e:          # noqa: BLE001  (anything the loader refuses is a miss)
-            log.debug("ember graph cache: %s does not load (%s); ignored, the graph compiles", self.path, e)
-            return None
-        if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != self.key:
-            log.debug("ember graph cache: %s holds another graph's entry; ignored, the graph compiles", self.path)
-            return None
-        guards = entry["guards"]
-        if guards and not _hold(guards, self.env):
-            log.debug("ember graph cache: %s was compiled under guards these sizes fail; the graph compiles",
-                      self.path)
-            return None
-        for g in guards:
-            self.env.evaluate_expr(g)
-        _add_counters(entry["counters"])
-        mark_used(self.path)
-        return CachedGraph(entry["program"], entry["kernel_count"])
+        cached = from_payload(payload, self.key, self.env, self.path)
+        if cached is not None:
+            self.payload = payload
+            mark_used(self.path)
+        return cached
 
     def store(self, program, kernel_count: int) -> None:
         try:
@@ -98,8 +86,31 @@ class GraphCache:
             log.debug("ember graph cache: not storing this graph: %s", e)
             return
         write_checked(self.path, payload)
+        self.payload = payload
         if config.cache_max_gb is not None and config.cache_max_gb > 0:
             evict_after_write(cache_root(), config.cache_max_gb * (1 << 30), self.path, len(payload))
+
+
+def from_payload(payload: bytes, key: str, env=None, where: str = "an entry") -> Optional[CachedGraph]:
+    """The cached graph an entry's bytes hold, or None (with a debug log) when they do not load, hold another
+    key's graph or were compiled under guards these sizes fail; a hit installs the entry's guards in `env`
+    and adds its pipeline counters."""
+    try:
+        entry = program_pickle.loads(payload)
+    except Exception as e:              # noqa: BLE001  (anything the loader refuses is a miss)
+        log.debug("ember graph cache: %s does not load (%s); ignored, the graph compiles", where, e)
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        log.debug("ember graph cache: %s holds another graph's entry; ignored, the graph compiles", where)
+        return None
+    guards = entry["guards"]
+    if guards and not _hold(guards, env):
+        log.debug("ember graph cache: %s was compiled under guards these sizes fail; the graph compiles", where)
+        return None
+    for g in guards:
+        env.evaluate_expr(g)
+    _add_counters(entry["counters"])
+    return CachedGraph(entry["program"], entry["kernel_count"])
 
 
 def lookup(gm, example_inputs, kind: str) -> tuple[Optional[GraphCache], Optional[CachedGraph]]:

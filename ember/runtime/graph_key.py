@@ -191,10 +191,10 @@ def _shapes(symbols: set, env) -> str:
             f"suppressed={bool(suppressed()) if suppressed else None}")
 
 
-def settings_text() -> str:
+def settings_text(leave_out=NOT_IN_PROGRAM) -> str:
     parts = []
     for f in dataclasses.fields(config):
-        if f.name in NOT_IN_PROGRAM:
+        if f.name in leave_out:
             continue
         v = getattr(config, f.name)
         if isinstance(v, (list, tuple)) and not v:
@@ -286,7 +286,15 @@ def graph_key_parts(gm: torch.fx.GraphModule, example_inputs, kind: str) -> dict
         "inputs": _value(list(example_inputs)),
         "shapes": _shapes(symbols, env),
         "kind": kind,
-        "settings": settings_text(),
+        **environment_parts(gm, example_inputs),
+    }
+
+
+def environment_parts(gm: torch.fx.GraphModule, example_inputs, settings: str | None = None) -> dict:
+    """The parts of a key besides the graph: ember's settings (`settings`, default settings_text()), source
+    hash, versions, devices and torch's TF32 setting (raises NotCacheable)."""
+    return {
+        "settings": settings_text() if settings is None else settings,
         "ember": ember_source_hash(),
         "versions": _versions(),
         "devices": _devices(_device_types(gm, example_inputs)),
@@ -295,9 +303,12 @@ def graph_key_parts(gm: torch.fx.GraphModule, example_inputs, kind: str) -> dict
     }
 
 
-def graph_key(gm: torch.fx.GraphModule, example_inputs, kind: str) -> str:
-    parts = graph_key_parts(gm, example_inputs, kind)
+def digest(parts: dict) -> str:
     h = hashlib.sha256()
     for name, text in parts.items():
         h.update(f"{name}\0{text}\0".encode())
     return h.hexdigest()
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs, kind: str) -> str:
+    return digest(graph_key_parts(gm, example_inputs, kind))

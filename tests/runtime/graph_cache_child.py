@@ -26,14 +26,14 @@ def step(model, x):
 
 def main(prefix: str, seed: int) -> None:
     sources = []
-    compile_one = pipeline._compile
+    assemble = pipeline._assemble      # every compiled graph, whether compiled or loaded from a cache
 
-    def recording(*args):
-        compiled = compile_one(*args)
+    def recording(*args, **kwargs):
+        compiled = assemble(*args, **kwargs)
         sources.append(compiled.source)
         return compiled
 
-    pipeline._compile = recording
+    pipeline._assemble = recording
     torch.manual_seed(0)
     model = Block(d=32, n_head=2, seq=8)
     compiled = torch.compile(model, backend="ember")

@@ -19,14 +19,6 @@ from ember.runtime.graph_key import NotCacheable
 from ember.testing import assert_close
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(root))
-    with ember.config.patch(graph_cache=True):
-        yield root
-
-
 def _mlp(x, w):
     return torch.nn.functional.gelu(x @ w).sum(-1) + x.softmax(-1).amax(-1)
 
