@@ -181,6 +181,9 @@ def main(argv=None) -> bool:
     print(f"rank {rank}: ember {['%.5f' % l for l in losses]} eager {['%.5f' % l for l in eager_losses]} "
           f"silu rewritten {rewritten}, collectives {compiled_collectives}/{collectives} in ember's graphs: "
           f"{'PASS' if ok else 'FAIL'}", flush=True)
+    # every rank's collectives done before any rank tears its group down: a rank whose gloo work is still in
+    # flight when the other exits can abort at exit
+    dist.barrier()
     dist.destroy_process_group()
     return ok
 
