@@ -64,7 +64,7 @@ def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool):
     bw_compiler = functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs)
     inference_compiler = inference
     # a warm start loads the whole result from AOTAutograd's cache (runtime/whole_graph_cache.py)
-    key_tag = None if cudagraphs or config.joint_passes else whole_graph_cache.tag(gm, example_inputs)
+    key_tag = whole_graph_cache.tag(gm, example_inputs, cudagraphs)
     if key_tag is not None:
         fw_compiler = whole_graph_cache.serializable(fw_compiler, "forward")
         bw_compiler = whole_graph_cache.serializable(bw_compiler, "backward")

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import stat
 import tempfile
 import time
 
+log = logging.getLogger("ember")
 GRAPHS = "graphs"
 WHOLE = "whole"           # AOTAutograd's entries of whole Dynamo graphs (runtime/whole_graph_cache.py)
 STALE_TMP_S = 3600        # a temporary file this old was left by a process that died while writing it
@@ -107,6 +109,26 @@ def read_checked(path: str) -> bytes | None:
         return None
     payload = data[head:]
     return payload if hashlib.sha256(payload).digest() == data[len(_CHECKED):head] else None
+
+
+def read_entry(path: str) -> bytes | None:
+    """A cached entry's payload (`read_checked`), used now (`mark_used`); None when the file is missing, or
+    truncated or corrupted (said in a debug log: the caller compiles instead)."""
+    payload = read_checked(path)
+    if payload is None:
+        if os.path.exists(path):
+            log.debug("ember cache: %s is truncated or corrupted; ignored, the graph compiles", path)
+        return None
+    mark_used(path)
+    return payload
+
+
+def write_entry(path: str, payload: bytes, max_gb: float | None) -> None:
+    """Store a cached entry (`write_checked`), then evict least recently used files while the cache is larger
+    than `max_gb` (None or 0: no limit)."""
+    write_checked(path, payload)
+    if max_gb is not None and max_gb > 0:
+        evict_after_write(cache_root(), max_gb * (1 << 30), path, len(payload))
 
 
 def _digest(path: str) -> str:

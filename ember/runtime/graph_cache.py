@@ -33,8 +33,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .. import metrics
 from ..config import config
 from . import program_pickle
-from .cache_dir import (GRAPHS, cache_root, evict_after_write, is_private, mark_used, read_checked, subfolder,
-                        write_checked)
+from .cache_dir import GRAPHS, cache_root, is_private, read_entry, subfolder, write_entry
 from .graph_key import NotCacheable, graph_key, graph_symbols
 
 log = logging.getLogger("ember")
@@ -58,15 +57,10 @@ class GraphCache:
         self.payload: Optional[bytes] = None     # the entry as stored: what a whole-graph entry embeds
 
     def load(self) -> Optional[CachedGraph]:
-        payload = read_checked(self.path)
-        if payload is None:
-            if os.path.exists(self.path):
-                log.debug("ember graph cache: %s is truncated or corrupted; ignored, the graph compiles", self.path)
-            return None
-        cached = from_payload(payload, self.key, self.env, self.path)
+        payload = read_entry(self.path)
+        cached = from_payload(payload, self.key, self.env, self.path) if payload is not None else None
         if cached is not None:
             self.payload = payload
-            mark_used(self.path)
         return cached
 
     def store(self, program, kernel_count: int) -> None:
@@ -85,10 +79,8 @@ class GraphCache:
         except NotCacheable as e:
             log.debug("ember graph cache: not storing this graph: %s", e)
             return
-        write_checked(self.path, payload)
+        write_entry(self.path, payload, config.cache_max_gb)
         self.payload = payload
-        if config.cache_max_gb is not None and config.cache_max_gb > 0:
-            evict_after_write(cache_root(), config.cache_max_gb * (1 << 30), self.path, len(payload))
 
 
 def from_payload(payload: bytes, key: str, env=None, where: str = "an entry") -> Optional[CachedGraph]:

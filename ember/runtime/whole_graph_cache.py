@@ -38,8 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..config import NOT_IN_PROGRAM, config
-from .cache_dir import (WHOLE, cache_root, evict_after_write, is_private, mark_used, read_checked, subfolder,
-                        write_checked)
+from .cache_dir import WHOLE, cache_root, is_private, read_entry, subfolder, write_entry
 from .graph_key import NotCacheable, digest, environment_parts, graph_symbols, settings_text
 
 log = logging.getLogger("ember")
@@ -61,10 +60,11 @@ except ImportError:            # a torch without AOTAutograd's bundled cache: em
     OutputCode, AVAILABLE = object, False
 
 
-def tag(gm: torch.fx.GraphModule, example_inputs) -> Optional[str]:
+def tag(gm: torch.fx.GraphModule, example_inputs, cudagraphs: bool) -> Optional[str]:
     """What decides ember's compile of this Dynamo graph besides the graph and torch's state, hashed; None
-    (with the reason logged) where whole graphs are not cached."""
-    if not config.graph_cache or config.debug or not AVAILABLE or not is_private(cache_root()):
+    (with the reason logged) where whole graphs are not cached. User joint passes (callables) make the
+    settings NotCacheable."""
+    if cudagraphs or not config.graph_cache or config.debug or not AVAILABLE or not is_private(cache_root()):
         return None
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size() > 1:
@@ -128,25 +128,19 @@ def _candidates(cls, local: bool, remote_cache, key: str):
     if not local:
         return
     path = _path(key)
-    payload = read_checked(path)
+    payload = read_entry(path)
     if payload is None:
-        if os.path.exists(path):
-            log.debug("ember whole-graph cache: %s is truncated or corrupted; ignored, the graph compiles", path)
         return
     try:
         entry = pickle.loads(payload)
     except Exception as e:              # noqa: BLE001  (an entry that does not load is a miss)
         log.debug("ember whole-graph cache: %s does not load (%s); ignored, the graph compiles", path, e)
         return
-    mark_used(path)
     yield entry, payload, True
 
 
 def _write(key: str, content: bytes) -> None:
-    path = _path(key)
-    write_checked(path, content)
-    if config.cache_max_gb is not None and config.cache_max_gb > 0:
-        evict_after_write(cache_root(), config.cache_max_gb * (1 << 30), path, len(content))
+    write_entry(_path(key), content, config.cache_max_gb)
 
 
 def serializable(compile_fn, kind: str, direct_dims=None):
