@@ -77,11 +77,10 @@ class Config:
     # (cached on disk); False uses the heuristic's choice (codegen/triton/heuristics.py).
     autotune: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_AUTOTUNE", True))
     # Matrix products (mm, addmm, bmm) as ember's own GEMM template kernels, their pointwise consumers fused
-    # into the tile before it is stored (codegen/triton/gemm_template.py): "auto" where the backend can time
-    # the template against the library call plus a separate epilogue kernel (the faster is used), "always"
-    # for every supported product (tests), "never" (library calls only). Default "never": on an H100 the
-    # first-call timing picks the template where the anchor measures it slower than cuBLAS plus its
-    # epilogue kernel (`python -m benchmarks.gemm_template_check`, docs/performance.md).
+    # into the tile before it is stored (codegen/triton/gemm_template.py): "auto" where the backend's timing,
+    # when the graph is compiled, finds the template (with its epilogue) faster than the library call plus a
+    # separate epilogue kernel (codegen/triton/product_choice.py; `torch.compile(mode="max-autotune")` sets
+    # it), "always" for every supported product (tests), "never" (library calls only; the default mode).
     gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "never"))
     # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
     # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its

@@ -41,8 +41,12 @@ class KernelBackend:
     # renders GEMM templates (ir/template.py) with their pointwise consumers fused in: matrix products
     # lowered as TemplateBuffers instead of ATen calls where ember.config.gemm_templates allows
     gemm_templates: bool = False
-    # can time a template against the library call at first call (gemm_templates="auto" then uses it)
+    # times kernel candidates (launch configs at first call)
     tunes: bool = False
+    # a method taking (a list of ir.template.ProductSpec, the device) and returning {spec: the template's
+    # launch config, or None for the library call}, chosen by timing before the graph is lowered
+    # (gemm_templates="auto"); None: the backend cannot choose, and "auto" keeps the library calls
+    choose_products = None
     # the device's convolution library (cuDNN, oneDNN) runs 2-D convolutions fastest channels-last: plan
     # conv-heavy graphs so (graph/passes/conv_layout.py)
     channels_last_convolutions: bool = False

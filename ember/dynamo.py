@@ -42,8 +42,10 @@ class _InferenceCompiler:
         return compiled
 
 
-# torch.compile's modes ember accepts -> whether the mode records CUDA graphs
-MODES = {"default": None, "reduce-overhead": True, "max-autotune": None, "max-autotune-no-cudagraphs": None}
+# torch.compile's modes ember accepts -> (whether the mode records CUDA graphs, whether it times matrix
+# products against ember's GEMM templates: gemm_templates="auto"), as inductor's modes do
+MODES = {"default": (None, False), "reduce-overhead": (True, False), "max-autotune": (True, True),
+         "max-autotune-no-cudagraphs": (None, True)}
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, **kwargs):
@@ -52,24 +54,37 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     check_backend_settings()
     if (mode or "default") not in MODES:
         raise ValueError(f"ember: unknown torch.compile mode {mode!r}; use one of {', '.join(MODES)}")
-    cudagraphs = MODES[mode or "default"] or config.cudagraphs
-    with gc_paused():     # the passes, AOTAutograd's trace and partition, and the forward's compile
-        return _compile_dynamo_graph(gm, example_inputs, cudagraphs)
+    cudagraphs, tuned_products = MODES[mode or "default"]
+    settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "never" else {}
+    with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
+        return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
 
 
-def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool):
+def _with_settings(compiler, settings: dict):
+    """`compiler` run with the mode's settings: AOTAutograd compiles a backward at its first call, after
+    the backend has returned."""
+    if not settings:
+        return compiler
+
+    def compile_with_settings(*args, **kwargs):
+        with config.patch(**settings):
+            return compiler(*args, **kwargs)
+    return compile_with_settings
+
+
+def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
     gm = pre_grad.run(gm)
     inference = _InferenceCompiler(len(example_inputs), cudagraphs)
-    fw_compiler = functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs)
-    bw_compiler = functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs)
-    inference_compiler = inference
+    fw_compiler = _with_settings(functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs), settings)
+    bw_compiler = _with_settings(functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs), settings)
+    inference_compiler = _with_settings(inference, settings)
     # a warm start loads the whole result from AOTAutograd's cache (runtime/whole_graph_cache.py)
     key_tag = whole_graph_cache.tag(gm, example_inputs, cudagraphs)
     if key_tag is not None:
         fw_compiler = whole_graph_cache.serializable(fw_compiler, "forward")
         bw_compiler = whole_graph_cache.serializable(bw_compiler, "backward")
         inference_compiler = whole_graph_cache.serializable(
-            inference, "inference", lambda compiled: inference.dims if compiled is inference.graph else None)
+            inference_compiler, "inference", lambda compiled: inference.dims if compiled is inference.graph else None)
     compiler = aot_autograd(
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,

@@ -181,8 +181,8 @@ def test_symbolic_sizes_use_the_library_call():
 
 @pytest.fixture
 def timed_backend(monkeypatch, tmp_path):
-    """The interpreter's Triton backend made to time its candidates, as a GPU's does (gemm_templates="auto"
-    then adds the library alternative), with a cache directory of its own."""
+    """The interpreter's Triton backend made to time its candidates, as a GPU's does, with a cache directory
+    of its own."""
     from ember.codegen.triton.backend import TritonBackend
     monkeypatch.setattr(TritonBackend, "tunes", property(lambda self: True))
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
@@ -193,29 +193,23 @@ def _swiglu_residual(x, wg, wu, r):
     return F.silu(gate) * (x @ wu) + r, gate
 
 
-def test_library_alternative_computes_the_same_outputs(timed_backend, monkeypatch):
-    """The alternative autotuning times against the template: ATen's product, then the group's other nodes
-    as a pointwise kernel reading it (arguments mapped from the template's call)."""
-    monkeypatch.setattr(TemplateChoice, "_choose", lambda self, args: "extern")
-    x, wg, wu, r = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(24, 32)
-    _, sources = _compile(_swiglu_residual, x, wg, wu, r, mode="auto")
-    assert len(_templates(sources)) == 2 and any("_epilogue" in s for s in sources)
-
-
 def test_autotuning_chooses_a_candidate_that_runs(timed_backend, monkeypatch):
     """Candidates are timed at the first call; one that fails is dropped, the choice is remembered."""
     broken = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 1, "num_stages": 1,
               "NO_SUCH_PARAMETER": 1}
-    real_tune = TemplateChoice._tune
+    real_candidates, real_tune = TemplateChoice.candidates, TemplateChoice._tune
     chosen = []
 
     def tune(self, args, cands):
-        best = real_tune(self, args, [broken] + cands)
+        assert broken in cands
+        best = real_tune(self, args, cands)
         chosen.append(best)
         return best
+    # the interpreter has one tile per product: a broken one makes two candidates
+    monkeypatch.setattr(TemplateChoice, "candidates", lambda self: [broken] + real_candidates(self))
     monkeypatch.setattr(TemplateChoice, "_tune", tune)
     x, wg, wu, r = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(24, 32)
-    _compile(_swiglu_residual, x, wg, wu, r, mode="auto")
+    _compile(_swiglu_residual, x, wg, wu, r, mode="always")
     assert chosen and broken not in chosen
 
 
@@ -229,9 +223,29 @@ def test_the_first_call_binds_the_chosen_launch():
         def __getitem__(self, grid):
             return lambda *args, **cfg: launched.append((grid, args, cfg["BLOCK_M"]))
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16}
-    choice = TemplateChoice(Kernel(), None, TemplateTuning([cfg], (2, 64, 48, 8), [0]), "src")
+    choice = TemplateChoice(Kernel(), TemplateTuning([cfg], (2, 64, 48, 8), [0]), "src")
     choice.run("a", "b")
     assert "run" in vars(choice) and choice.chosen == cfg
     choice.grid = None          # a second call that worked out the grid would fail here
     choice.run("c", "d")
     assert launched == [((6, 2), ("a", "b"), 32), ((6, 2), ("c", "d"), 32)]
+
+
+def test_the_bound_launch_is_the_launchers_hot_path(monkeypatch):
+    """ember's Launcher replaces its `launch` with a hot path at its first launch: the launch a TemplateChoice
+    binds after its first call must be that one, not the first-launch path (which builds a hot path again at
+    every call)."""
+    from ember.runtime import template_choice
+    from ember.runtime.template_choice import TemplateTuning
+    calls = []
+
+    class Launcher:
+        def launch(self, grid, args, meta):
+            calls.append("first")
+            self.launch = lambda grid, args, meta: calls.append("hot")
+    monkeypatch.setattr(template_choice, "Launcher", Launcher)
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16}
+    choice = TemplateChoice(Launcher(), TemplateTuning([cfg], (1, 64, 48, 8), [0]), "src")
+    for _ in range(3):
+        choice.run("a")
+    assert calls == ["first", "hot", "hot"]

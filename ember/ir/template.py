@@ -11,8 +11,10 @@ template itself lives with the backend (codegen/triton/gemm_template.py).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import sympy
+import torch
 
 from .nodes import Buffer, ComputedBuffer, Layout, Loops, ReinterpretView
 from .ops import ops
@@ -29,6 +31,9 @@ class MatmulProduct(Loops):
     a: Buffer | ReinterpretView = None
     b: Buffer | ReinterpretView = None
     batched: bool = False
+    # the launch config timed fastest for this product when it was chosen over the library call
+    # (ember.config.gemm_templates="auto"); None: the kernel's candidates are timed at its first call
+    launch: Optional[dict] = None
 
     def sizes(self) -> tuple:
         """(batch, M, N, K) as ints (batch 1 for mm)."""
@@ -50,10 +55,10 @@ class TemplateBuffer(ComputedBuffer):
     """A ComputedBuffer whose value a backend's template computes (its `data` is a MatmulProduct)."""
 
     @staticmethod
-    def matmul(a, b, batched: bool) -> "TemplateBuffer":
+    def matmul(a, b, batched: bool, launch: Optional[dict] = None) -> "TemplateBuffer":
         device, dtype = a.get_device(), a.get_dtype()
         size = [*(a.get_size()[:1] if batched else []), a.get_size()[-2], b.get_size()[-1]]
-        data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched)
+        data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched, launch)
         return TemplateBuffer(None, Layout.contiguous(device, dtype, size), data)
 
     def operands(self) -> list:
@@ -70,3 +75,28 @@ def operand_base(x) -> tuple[Buffer, int]:
 
 def is_template(buf) -> bool:
     return isinstance(buf, TemplateBuffer)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductSpec:
+    """A matrix product as the graph states it, for choosing between a template and the library call before
+    it is lowered (ember.config.gemm_templates="auto"; lowering/matmul.py asks the backend's
+    `choose_products`). Sizes and strides are the operands' in the traced graph; `bias` (addmm) likewise.
+    `epilogue_share` is how much of the product's round trip through memory a fused epilogue saves: 1 when
+    every reader of the product is pointwise (it is never stored), 0.5 when it is stored anyway for another
+    reader (only the re-read is saved), 0 when nothing pointwise reads it. `epilogue` sketches what those
+    pointwise readers would do on the template's tile: "load_full" for each other input of the product's
+    size they read, "load_row" for each smaller one (a bias), and the names of their one-operand ops
+    ("tanh", "erf", ...), in graph order."""
+    op: str                          # "mm", "bmm" or "addmm"
+    a: tuple                         # (size, stride) of each operand
+    b: tuple
+    bias: Optional[tuple]
+    dtype: torch.dtype
+    epilogue_share: float
+    epilogue: tuple = ()
+
+    def sizes(self) -> tuple:
+        """(batch, M, N, K)."""
+        (asz, _), (bsz, _) = self.a, self.b
+        return (asz[0] if self.op == "bmm" else 1), asz[-2], bsz[-1], asz[-1]

@@ -60,6 +60,9 @@ class GraphLowering(torch.fx.Interpreter):
         self.shape_env = None                       # the inputs' ShapeEnv, where decisions install guards
         self.current_node: torch.fx.Node | None = None
         self.pending_mutations: list = []      # (input buffer, TensorBox of its new value): see mutation.py
+        # gemm_templates="auto": {FX node: template launch config or None}, made at the first product
+        # (lowering/matmul.py)
+        self.product_choices: dict | None = None
         self._ids = 0
 
     # -- bookkeeping --------------------------------------------------------------------------------

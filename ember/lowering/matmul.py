@@ -1,9 +1,11 @@
 """Matrix products: mm, bmm and addmm as GEMM templates (ir/template.py) where the device's kernel backend
 renders them and ember.config.gemm_templates asks for them; otherwise (raising Unsupported) an ATen call.
 
-"auto" uses templates where the backend times them against the library call at first call (its `tunes`);
-"always" wherever the backend has templates; "never" nowhere. The template covers static sizes, float32
-(TF32 as torch.backends.cuda.matmul.allow_tf32 says), float16 and bfloat16. addmm is the template's product
+"auto" uses a template where the backend's timing, before the graph is lowered, found it faster than the
+library call with its epilogue in a separate kernel (the backend's `choose_products`; the template then has
+the one launch config timed fastest); "always" wherever the backend has templates (configs timed at first
+call); "never" nowhere. The template covers static sizes, float32 (TF32 as
+torch.backends.cuda.matmul.allow_tf32 says), float16 and bfloat16. addmm is the template's product
 plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
 graph/passes/post_grad.py, unfuse_bias_addmm).
@@ -18,7 +20,7 @@ from ..config import config
 from ..device import backend_for
 from ..ir.nodes import TensorBox
 from ..ir.ops import ops
-from ..ir.template import TemplateBuffer
+from ..ir.template import ProductSpec, TemplateBuffer
 from .fallback import realize_arg
 from .pointwise import pointwise
 from .registry import Unsupported, lower
@@ -28,17 +30,138 @@ aten = torch.ops.aten
 TEMPLATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _wants_template(a, b) -> bool:
-    """Do ember.config.gemm_templates and the backend ask for a template for a @ b (2-D or batched)?"""
+# (template wanted, its launch config or None): what _template_plan answers
+LIBRARY = (False, None)
+
+
+def _template_plan(a, b) -> tuple:
+    """Is a @ b (2-D or batched) a template, and with which launch config (None: timed at its first call)?
+    "always": wherever the backend renders templates; "auto": where the backend's timing chose it for this
+    graph node (_product_choices); "never": nowhere."""
     mode = config.gemm_templates
     backend = backend_for(a.get_device())
-    if mode == "never" or not backend.gemm_templates or (mode == "auto" and not backend.tunes):
-        return False
+    if mode == "never" or not backend.gemm_templates or not _supported(a, b):
+        return LIBRARY
+    if mode == "always":
+        return True, None
+    graph = state.current_graph()
+    node = graph.current_node
+    choices = _product_choices(graph)
+    if node not in choices or choices[node] is None:
+        return LIBRARY
+    return True, choices[node]
+
+
+def _supported(a, b) -> bool:
     dtype, sizes = a.get_dtype(), [*a.get_size(), *b.get_size()]
     # M, N (and the batch) of at least one; K may be 0 (the product is then zeros)
     nonempty = [*a.get_size()[:-1], b.get_size()[-1]]
     return dtype in TEMPLATE_DTYPES and b.get_dtype() == dtype and \
         all(isinstance(s, sympy.Integer) for s in sizes) and all(int(s) > 0 for s in nonempty)
+
+
+# -- "auto": products chosen by timing, for a whole graph at once ----------------------------------------
+
+_PRODUCTS = {aten.mm.default: "mm", aten.bmm.default: "bmm", aten.addmm.default: "addmm"}
+# readers through which a product's elements keep their order: a pointwise reader behind them still fuses
+_ORDER_KEEPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _product_choices(graph) -> dict:
+    """{FX node: the template's launch config, or None for the library call} for the graph's products the
+    backends can time, asked of each device's backend once per graph (codegen/triton/product_choice.py)."""
+    if graph.product_choices is None:
+        specs: dict = {}
+        for n in graph.gm.graph.nodes:
+            spec = product_spec(n)
+            if spec is not None:
+                specs.setdefault(n.meta["val"].device, {})[n] = spec
+        graph.product_choices = {}
+        for device, nodes in specs.items():
+            backend = backend_for(device)
+            if backend.gemm_templates and backend.tunes and backend.choose_products is not None:
+                chosen = backend.choose_products(list(nodes.values()), device)
+                graph.product_choices.update({n: chosen.get(spec) for n, spec in nodes.items()})
+    return graph.product_choices
+
+
+def product_spec(n: torch.fx.Node) -> ProductSpec | None:
+    """The ProductSpec of an mm, bmm or addmm node with static sizes in a template dtype; else None."""
+    op = _PRODUCTS.get(n.target) if n.op == "call_function" else None
+    if op is None:
+        return None
+    if op == "addmm" and (len(n.args) != 3 or any(k not in ("beta", "alpha") for k in n.kwargs)):
+        return None
+    metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in n.args]
+    if not all(isinstance(m, torch.Tensor) for m in metas) or not isinstance(n.meta.get("val"), torch.Tensor):
+        return None
+    if any(not _static(m) for m in metas):
+        return None
+    a, b = metas[-2:]
+    if a.dtype not in TEMPLATE_DTYPES or b.dtype != a.dtype or metas[0].dtype != a.dtype:
+        return None
+    if min([*a.shape[:-1], b.shape[-1]]) == 0:
+        return None
+    layout = [(tuple(m.shape), tuple(m.stride())) for m in metas]
+    sketch = _epilogue_sketch(n)
+    if op == "addmm":             # the template adds the bias on its tile
+        sketch = ("load_full" if metas[0].numel() == n.meta["val"].numel() else "load_row",) + sketch
+    return ProductSpec(op, layout[-2], layout[-1], layout[0] if op == "addmm" else None, a.dtype,
+                       _epilogue_share(n), sketch)
+
+
+def _static(t: torch.Tensor) -> bool:
+    return all(isinstance(v, int) for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _readers(n: torch.fx.Node) -> list:
+    out = []
+    for u in n.users:
+        out += _readers(u) if u.op == "call_function" and u.target in _ORDER_KEEPING_VIEWS else [u]
+    return out
+
+
+def _is_pointwise(u: torch.fx.Node) -> bool:
+    return u.op == "call_function" and torch.Tag.pointwise in getattr(u.target, "tags", ())
+
+
+def _epilogue_share(n: torch.fx.Node) -> float:
+    """How much of the product's write and re-read a fused epilogue saves (ProductSpec.epilogue_share)."""
+    readers = _readers(n)
+    pointwise = [u for u in readers if _is_pointwise(u)]
+    if not pointwise:
+        return 0.0
+    return 1.0 if len(pointwise) == len(readers) else 0.5
+
+
+EPILOGUE_SKETCH_NODES = 16      # pointwise nodes a sketch follows from the product
+
+
+def _epilogue_sketch(n: torch.fx.Node) -> tuple:
+    """ProductSpec.epilogue: the chain of pointwise nodes reading the product (through views), breadth
+    first: the other inputs they load, by size, and their one-operand ops."""
+    numel = n.meta["val"].numel()
+    chain, frontier, sketch = {n}, [n], []
+    while frontier and len(chain) <= EPILOGUE_SKETCH_NODES:
+        for u in _readers(frontier.pop(0)):
+            if u in chain or not _is_pointwise(u):
+                continue
+            chain.add(u)
+            frontier.append(u)
+            others = [a for a in u.all_input_nodes if _view_base(a) not in chain]
+            vals = [a.meta.get("val") for a in others]
+            sketch += ["load_full" if v.numel() == numel else "load_row"
+                       for v in vals if isinstance(v, torch.Tensor) and v.numel() > 1]
+            if len(u.args) == 1 and len(u.all_input_nodes) == 1:      # a one-operand op
+                tanh = u.target is aten.gelu.default and u.kwargs.get("approximate") == "tanh"
+                sketch.append(u.target._opname + ("_tanh" if tanh else ""))
+    return tuple(sketch)
+
+
+def _view_base(a: torch.fx.Node) -> torch.fx.Node:
+    while a.op == "call_function" and a.target in _ORDER_KEEPING_VIEWS:
+        a = a.args[0]
+    return a
 
 
 def _static_layout(x) -> bool:
@@ -47,7 +170,8 @@ def _static_layout(x) -> bool:
 
 
 def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
-    if not _wants_template(a, b):
+    wanted, launch = _template_plan(a, b)
+    if not wanted:
         raise Unsupported("matrix product outside the GEMM template")
     node = state.current_graph().current_node
     metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in node.args[-2:]] \
@@ -55,7 +179,7 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     sa, sb = realize_arg(a, metas[0]), realize_arg(b, metas[1])
     if not (_static_layout(sa) and _static_layout(sb)):
         raise Unsupported("GEMM template operands with symbolic layouts")
-    return TensorBox(state.current_graph().register_buffer(TemplateBuffer.matmul(sa, sb, batched)))
+    return TensorBox(state.current_graph().register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch)))
 
 
 @lower(aten.mm.default)
@@ -70,7 +194,7 @@ def bmm(a, b):
 
 @lower(aten.addmm.default)
 def addmm(bias, a, b, *, beta=1, alpha=1):
-    if not _wants_template(a, b) or bias.get_dtype() != a.get_dtype():
+    if not _template_plan(a, b)[0] or bias.get_dtype() != a.get_dtype():
         raise Unsupported("addmm outside the GEMM template")
     product = _product(a, b, batched=False)
 

@@ -21,12 +21,11 @@ from ..wrapper.lines import CallKernel, DefineKernel, Name
 from ...ir.template import is_template
 from .flex_launch import flex_attention_launches
 from .gemm_template import generate_template
+from .product_choice import choose_products
+from .spelling import module_header
 from .heuristics import candidate_configs, row_sized_configs
 from .kernel import TritonKernel
 
-_HEADER = "import triton\nimport triton.language as tl\n"
-_LIBDEVICE = {False: "from triton.language.extra import libdevice\n",
-              True: "from ember.codegen.triton import interp_libdevice as libdevice\n"}
 
 
 class TritonBackend(KernelBackend):
@@ -109,6 +108,11 @@ class TritonBackend(KernelBackend):
             return None
         return KernelTuning(configs, len(ptrs), k.tiled, written)
 
+    def choose_products(self, specs, device):
+        """{ProductSpec: the template's launch config, or None for the library call}, by timing each
+        (gemm_templates="auto": codegen/triton/product_choice.py)."""
+        return choose_products(specs, device, self.interpreted)
+
     def flex_attention_launches(self, spec):
         """FlexAttention's kernels for one call (ir/kernel_call.py, FlexAttentionSpec): (the input buffers they
         read after the spec's, their Launches); Unsupported for what they do not cover."""
@@ -119,7 +123,7 @@ class TritonBackend(KernelBackend):
             return {}
         if self.interpreted:
             check_interpreter()
-        source = _HEADER + _LIBDEVICE[self.interpreted] + "\n\n" + "\n\n".join(k.source for k in kernels)
+        source = module_header(self.interpreted) + "\n\n".join(k.source for k in kernels)
         mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
         if not self.interpreted:
             compile_pool.precompile(mod, triton_helpers(), kernels)
@@ -128,10 +132,7 @@ class TritonBackend(KernelBackend):
     def _loaded(self, mod, k):
         fn = self._launchable(getattr(mod, k.name))
         if isinstance(k.tuning, TemplateTuning):
-            epilogue = k.tuning.extern.epilogue if k.tuning.extern is not None else None
-            # the library candidate's epilogue launches through the same fast path as any generated kernel
-            return TemplateChoice(fn, self._launchable(getattr(mod, epilogue)) if epilogue else None, k.tuning,
-                                  k.source)
+            return TemplateChoice(fn, k.tuning, k.source)
         return Autotuned(fn, k.tuning, k.source) if k.tuning else fn
 
     def _launchable(self, fn):

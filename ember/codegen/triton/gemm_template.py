@@ -10,22 +10,20 @@ store bodies run exactly as in a pointwise kernel: their indices are the schedul
 their loads of the product are forwarded the tile's value. The product is stored only where something
 outside the kernel reads it.
 
-For the library alternative that autotuning times against the template (gemm_templates="auto"), the same
-group without the template node is generated as a plain pointwise kernel, `<name>_epilogue`, that reads
-the product from memory (runtime/template_choice.py runs the ATen product, then it).
+Whether a product is a template at all is decided before lowering (gemm_templates="auto":
+product_choice.py times the template's main loop against the library call).
 """
 from __future__ import annotations
 
 import torch
 
-from ... import config, metrics
+from ... import metrics
 from ...ir.ops import handler
 from ...ir.template import is_template, operand_base
 from ...runtime import compile_pool
-from ...runtime.template_choice import ExternProduct, TemplateTuning
-from ...schedule.fusion import FusedGroup
+from ...runtime.template_choice import TemplateTuning
 from ...schedule.nodes import kernel_index_vars
-from ..generate import GeneratedKernel, generate_kernel, kernel_call_args
+from ..generate import GeneratedKernel, generate_kernel
 from ..kernel import KValue
 from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
 from .heuristics import next_pow2
@@ -101,55 +99,9 @@ class TemplateKernel(TritonKernel):
 
     def _main_loop(self):
         p = self.product
-        batch, M, N, K = p.sizes()
-        a_ptr, a_off, (sab, sam, sak) = self._operand(p.a)
-        b_ptr, b_off, (sbb, sbk, sbn) = self._operand(p.b)
-        idx = ".to(tl.int64)" if self.use_int64 else ""
-        precision = ""
-        if p.dtype == torch.float32:
-            precision = ", input_precision=\"tf32\"" if torch.backends.cuda.matmul.allow_tf32 else \
-                ", input_precision=\"ieee\""
-        lines = [
-            f"# {'bmm' if p.batched else 'mm'}: [{batch}] x [{M}, {K}] @ [{K}, {N}], {p.dtype}, float32 accumulator",
-            "pid = tl.program_id(0)",
-            f"tb = tl.program_id(1){idx}" if p.batched else "tb = 0",
-            f"num_pid_m = {_cdiv_src(M, 'BLOCK_M')}",
-            f"num_pid_n = {_cdiv_src(N, 'BLOCK_N')}",
-            # GROUP_M rows of tiles walk the columns together: their B tiles stay in L2
-            "pids_in_group = GROUP_M * num_pid_n",
-            "first_pid_m = (pid // pids_in_group) * GROUP_M",
-            "group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
-            "pid_m = first_pid_m + (pid % pids_in_group) % group_rows",
-            "pid_n = (pid % pids_in_group) // group_rows",
-            f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){idx}",
-            f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){idx}",
-            "rk = tl.arange(0, BLOCK_K)",
-            # rows and columns past the edge read row 0 / column 0 (in bounds); their results are masked
-            f"ram = rm % {M}",
-            f"rbn = rn % {N}",
-            f"a_ptrs = {a_ptr} + ({a_off} + tb * {sab} + ram[:, None] * {sam} + rk[None, :] * {sak})",
-            f"b_ptrs = {b_ptr} + ({b_off} + tb * {sbb} + rk[:, None] * {sbk} + rbn[None, :] * {sbn})",
-            "acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)",
-            f"for k in range(0, {K}, BLOCK_K):",
-        ]
-        if self.even_k:       # every config's BLOCK_K divides K: no masks in the main loop
-            body = ["a = tl.load(a_ptrs)", "b = tl.load(b_ptrs)"]
-        else:
-            body = [f"a = tl.load(a_ptrs, mask=rk[None, :] < {K} - k, other=0.0)",
-                    f"b = tl.load(b_ptrs, mask=rk[:, None] < {K} - k, other=0.0)"]
-        if self.interpreted and p.dtype == torch.bfloat16:
-            # Triton's interpreter multiplies bfloat16 blocks wrongly (values off by 1e10); their products are
-            # exact in float32, so the interpreter multiplies them there
-            body += ["a = a.to(tl.float32)", "b = b.to(tl.float32)"]
-            precision = ", input_precision=\"ieee\""
-        body += [f"acc = tl.dot(a, b, acc{precision})",
-                 f"a_ptrs += BLOCK_K * {sak}",
-                 f"b_ptrs += BLOCK_K * {sbk}"]
-        lines += ["    " + ln for ln in body]
-        lines += [f"xindex = tb * {M * N} + rm[:, None] * {N} + rn[None, :]",
-                  f"xmask = (rm < {M})[:, None] & (rn < {N})[None, :]"]
-        for ln in lines:
-            self.emit(ln)
+        for line in main_loop_lines(p.sizes(), p.batched, p.dtype, self._operand(p.a), self._operand(p.b),
+                                    self.use_int64, self.even_k, self.interpreted):
+            self.emit(line)
         # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is
         acc = KValue("acc", torch.float32, "x")
         if p.dtype != torch.float32:
@@ -174,6 +126,61 @@ class TemplateKernel(TritonKernel):
         return "\n".join(lines) + "\n"
 
 
+def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b: tuple, int64: bool,
+                    even_k: bool, interpreted: bool) -> list[str]:
+    """The template's main loop: the float32 tile `acc` of the product, then `xindex` and `xmask` (the tile's
+    flat positions in the row-major product, and which are inside it). `a` and `b` are each operand's
+    (pointer name, offset, (batch, row, col) strides)."""
+    batch, M, N, K = sizes
+    a_ptr, a_off, (sab, sam, sak) = a
+    b_ptr, b_off, (sbb, sbk, sbn) = b
+    idx = ".to(tl.int64)" if int64 else ""
+    precision = ""
+    if dtype == torch.float32:
+        precision = ", input_precision=\"tf32\"" if torch.backends.cuda.matmul.allow_tf32 else \
+            ", input_precision=\"ieee\""
+    lines = [
+        f"# {'bmm' if batched else 'mm'}: [{batch}] x [{M}, {K}] @ [{K}, {N}], {dtype}, float32 accumulator",
+        "pid = tl.program_id(0)",
+        f"tb = tl.program_id(1){idx}" if batched else "tb = 0",
+        f"num_pid_m = {_cdiv_src(M, 'BLOCK_M')}",
+        f"num_pid_n = {_cdiv_src(N, 'BLOCK_N')}",
+        # GROUP_M rows of tiles walk the columns together: their B tiles stay in L2
+        "pids_in_group = GROUP_M * num_pid_n",
+        "first_pid_m = (pid // pids_in_group) * GROUP_M",
+        "group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+        "pid_m = first_pid_m + (pid % pids_in_group) % group_rows",
+        "pid_n = (pid % pids_in_group) // group_rows",
+        f"rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)){idx}",
+        f"rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)){idx}",
+        "rk = tl.arange(0, BLOCK_K)",
+        # rows and columns past the edge read row 0 / column 0 (in bounds); their results are masked
+        f"ram = rm % {M}",
+        f"rbn = rn % {N}",
+        f"a_ptrs = {a_ptr} + ({a_off} + tb * {sab} + ram[:, None] * {sam} + rk[None, :] * {sak})",
+        f"b_ptrs = {b_ptr} + ({b_off} + tb * {sbb} + rk[:, None] * {sbk} + rbn[None, :] * {sbn})",
+        "acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)",
+        f"for k in range(0, {K}, BLOCK_K):",
+    ]
+    if even_k:       # every config's BLOCK_K divides K: no masks in the main loop
+        body = ["a = tl.load(a_ptrs)", "b = tl.load(b_ptrs)"]
+    else:
+        body = [f"a = tl.load(a_ptrs, mask=rk[None, :] < {K} - k, other=0.0)",
+                f"b = tl.load(b_ptrs, mask=rk[:, None] < {K} - k, other=0.0)"]
+    if interpreted and dtype == torch.bfloat16:
+        # Triton's interpreter multiplies bfloat16 blocks wrongly (values off by 1e10); their products are
+        # exact in float32, so the interpreter multiplies them there
+        body += ["a = a.to(tl.float32)", "b = b.to(tl.float32)"]
+        precision = ", input_precision=\"ieee\""
+    body += [f"acc = tl.dot(a, b, acc{precision})",
+             f"a_ptrs += BLOCK_K * {sak}",
+             f"b_ptrs += BLOCK_K * {sbk}"]
+    lines += ["    " + ln for ln in body]
+    lines += [f"xindex = tb * {M * N} + rm[:, None] * {N} + rn[None, :]",
+              f"xmask = (rm < {M})[:, None] & (rn < {N})[None, :]"]
+    return lines
+
+
 def _cdiv_src(n: int, block: str) -> str:
     return f"({n} + {block} - 1) // {block}"
 
@@ -182,9 +189,12 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     """A template group's kernel: its DefineKernel (with a TemplateTuning the launcher chooses by) and call."""
     template = next(n for n in group.nodes if is_template(n.buf))
     sizes = template.buf.data.sizes()
-    configs = template_configs(sizes, template.buf.dtype, backend.interpreted)
-    if not backend.tunes:
-        configs = configs[:1]
+    if template.buf.data.launch is not None:       # chosen by timing before lowering (gemm_templates="auto")
+        configs = [template.buf.data.launch]
+    else:
+        configs = template_configs(sizes, template.buf.dtype, backend.interpreted)
+        if not backend.tunes:
+            configs = configs[:1]
     even_k = all(sizes[3] % cfg["BLOCK_K"] == 0 for cfg in configs)
     k = generate_kernel(lambda materialize: TemplateKernel(name, group, graph, local, even_k,
                                                                         backend.interpreted, materialize))
@@ -192,11 +202,7 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     args = [Name(buf) for _, buf in ptrs]
     source = k.source()
     written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
-    extern = None
-    if config.gemm_templates == "auto" and backend.tunes:
-        extern, epilogue_source = _extern_alternative(name, group, graph, local, k, args)
-        source += "\n\n" + epilogue_source if epilogue_source else ""
-    tuning = TemplateTuning(configs, sizes, written, extern)
+    tuning = TemplateTuning(configs, sizes, written)
     warm = None
     if backend.precompiles:
         compile_pool.start()
@@ -205,30 +211,3 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     metrics.fused_epilogue_nodes += len(group.nodes) - 1
     define = DefineKernel(name, source, backend, tuning, warm, group.device(), KernelSignature(tuple(k.signature()), ()))
     return GeneratedKernel(define, CallKernel(name, args, None, {}), set(k.args.outputs), source)
-
-
-def _extern_alternative(name, group, graph, local, k, args) -> tuple:
-    """The library's way to the same outputs: ATen's product into memory, then the group's other nodes as a
-    plain pointwise kernel reading it. (ExternProduct, the epilogue kernel's source or "")."""
-    template = k.template
-    product = template.buf.data
-    position = {str(a): i for i, a in enumerate(args)}
-
-    def operand(view):
-        base, offset = operand_base(view)
-        return (position[base.storage_name()], [int(s) for s in view.layout.size],
-                [int(s) for s in view.layout.stride], offset)
-    layout = template.buf.layout
-    stored_at = position.get(template.name)
-    rest = [n for n in group.nodes if n is not template]
-    epilogue, epi_args, meta, xnumel = None, [], {}, 0
-    if rest:
-        epi = generate_kernel(lambda materialize: TritonKernel(f"{name}_epilogue", FusedGroup(rest), graph,
-                                                               set(local) - {template.name}, materialize))
-        epilogue = epi.name
-        epi_args = [-1 if a == template.name else position[a] for a in kernel_call_args(epi)[:len(epi.args.call_order())]]
-        meta, xnumel = epi.launch_config(), int(epi.X)
-    extern = ExternProduct("bmm" if product.batched else "mm", [operand(product.a), operand(product.b)],
-                           [int(s) for s in layout.size], [int(s) for s in layout.stride], layout.dtype,
-                           stored_at, epilogue, epi_args, meta, xnumel)
-    return extern, (epi.source() if rest else "")

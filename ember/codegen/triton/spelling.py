@@ -27,8 +27,15 @@ def triton_type(dtype: torch.dtype) -> str:
         raise NotImplementedError(f"no Triton type for {dtype}") from None
 
 
+def module_header(interpreted: bool) -> str:
+    """The imports a module of generated kernels starts with (the interpreter's libdevice is ember's)."""
+    libdevice = "from ember.codegen.triton import interp_libdevice as libdevice" if interpreted else \
+        "from triton.language.extra import libdevice"
+    return f"import triton\nimport triton.language as tl\n{libdevice}\n\n\n"
+
+
 # name -> format; {0} is the operand
-_UNARY = {
+UNARY = {
     "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "tl.exp2({0})",
     "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log2": "tl.log2({0})", "log10": "libdevice.log10({0})",
     "log1p": "libdevice.log1p({0})", "sqrt": "libdevice.sqrt({0})", "rsqrt": "libdevice.rsqrt({0})",
@@ -104,8 +111,8 @@ class TritonSpelling(OpSpelling):
         return self._op("erf", f"{fn}({x})", x)
 
     def __getattr__(self, name):
-        if name in _UNARY:
-            fmt = _UNARY[name]
+        if name in UNARY:
+            fmt = UNARY[name]
             return lambda x: self._op(name, fmt.format(x), x)
         if name in _INFIX:
             sym = _INFIX[name]

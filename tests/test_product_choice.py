@@ -1,0 +1,178 @@
+"""Each matrix product's kernel chosen before lowering (gemm_templates="auto", which mode="max-autotune"
+sets): the products a graph states, the decision rule, the probe kernels that time the template (run here
+through Triton's interpreter against torch), and the choices applied to lowering, against eager."""
+import os
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import ember
+from ember.codegen.triton import product_choice
+from ember.codegen.triton.gemm_template import template_configs
+from ember.ir.template import ProductSpec
+from ember.lowering.matmul import product_spec
+from ember.testing import assert_close
+
+DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
+needs_triton = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("EMBER_CPU_BACKEND") != "triton",
+                                  reason="Triton code: run with EMBER_CPU_BACKEND=triton")
+F = torch.nn.functional
+aten = torch.ops.aten
+
+
+def _rand(*shape, dtype=torch.float32):
+    return (torch.randn(*shape) * 0.4).to(dtype=dtype, device=DEVICE)
+
+
+def _specs(fn, *args, tracing_mode="real") -> list:
+    gm = make_fx(fn, tracing_mode=tracing_mode)(*args)
+    return [(n.target, product_spec(n)) for n in gm.graph.nodes
+            if n.target in (aten.mm.default, aten.bmm.default, aten.addmm.default)]
+
+
+def test_a_graph_states_its_products_and_what_an_epilogue_would_save():
+    def f(x, w, w2, g, r):
+        h = F.gelu((x @ w.t()).view(2, 12, 32))    # read by GELU through a view only: the product is never stored
+        p = x @ w2                                  # read by relu and returned: stored anyway
+        q = torch.bmm(g, r)                         # returned as it is: nothing to fuse
+        return h, p.relu(), p, q
+    x, w, w2, g, r = _rand(24, 40), _rand(32, 40), _rand(40, 16), _rand(3, 5, 7), _rand(3, 7, 9)
+    (t1, s1), (t2, s2), (t3, s3) = _specs(f, x, w, w2, g, r)
+    assert (t1, t2, t3) == (aten.mm.default, aten.mm.default, aten.bmm.default)
+    assert s1 == ProductSpec("mm", ((24, 40), (40, 1)), ((40, 32), (1, 40)), None, torch.float32, 1.0, ("gelu",))
+    assert (s2.op, s2.epilogue_share, s2.sizes()) == ("mm", 0.5, (1, 24, 16, 40))
+    assert (s3.op, s3.epilogue_share, s3.sizes()) == ("bmm", 0.0, (3, 5, 9, 7))
+
+
+def test_products_the_template_does_not_cover_have_no_spec():
+    ints = torch.randint(0, 5, (4, 6)), torch.randint(0, 5, (6, 3))
+    assert _specs(lambda a, b: a @ b, *ints) == [(aten.mm.default, None)]
+    [(_, spec)] = _specs(lambda a, b: a @ b, _rand(4, 6), _rand(6, 3), tracing_mode="symbolic")
+    assert spec is None
+    [(_, spec)] = _specs(lambda c, a, b: torch.addmm(c, a, b), _rand(3), _rand(4, 6), _rand(6, 3))
+    assert spec.op == "addmm" and spec.bias == ((3,), (1,)) and spec.epilogue == ("load_row",)
+
+
+def test_an_epilogue_sketch_follows_the_pointwise_chain():
+    """What a fused epilogue would load and compute: a bias row, a residual of the product's size, GELU."""
+    def f(x, w, b, r):
+        return r + F.gelu(x @ w + b, approximate="tanh") * 2
+    [(_, spec)] = _specs(f, _rand(8, 4), _rand(4, 6), _rand(6), _rand(8, 6))
+    assert spec.epilogue == ("load_row", "gelu_tanh", "load_full") and spec.epilogue_share == 1.0
+
+
+def test_the_template_must_beat_the_library_plus_the_saved_epilogue():
+    a, b = {"BLOCK_M": 64}, {"BLOCK_M": 128}
+    assert product_choice.decide([(1.0, a), (0.8, b)], 1.0, 0.0) == b
+    assert product_choice.decide([(0.99, a)], 1.0, 0.0) is None          # a near-tie keeps the library
+    assert product_choice.decide([(1.1, a)], 1.0, 0.3) == a              # the fused epilogue pays
+    assert product_choice.decide([], 1.0, 5.0) is None                   # no config ran
+
+
+@needs_triton
+@pytest.mark.parametrize("op,a,b,dtype", [
+    ("mm", ((17, 13), (13, 1)), ((13, 23), (1, 13)), torch.float32),      # transposed b, primes
+    ("mm", ((1, 40), (40, 1)), ((40, 1), (1, 1)), torch.bfloat16),        # M = N = 1
+    ("bmm", ((3, 9, 20), (180, 20, 1)), ((3, 20, 11), (1, 3, 60)), torch.float32),   # permuted b
+])
+def test_probe_kernels_compute_the_product(op, a, b, dtype):
+    _check_probe(ProductSpec(op, a, b, None, dtype, 0.0))
+
+
+@needs_triton
+def test_probe_kernels_compute_the_sketched_epilogue():
+    """The probe's epilogue: a residual of the product's size and a bias row added, then tanh."""
+    spec = ProductSpec("mm", ((17, 13), (13, 1)), ((13, 23), (23, 1)), None, torch.float32, 1.0,
+                       ("load_full", "load_row", "tanh", "add"))
+    _check_probe(spec, lambda p, full, row: torch.tanh(p + full.view(p.shape) + row))
+
+
+def _check_probe(spec, epilogue=lambda p, *inputs: p):
+    interpreted = DEVICE == "cpu"
+    mod = product_choice.load_module(product_choice.module_header(interpreted) +
+                                     product_choice.probe_source(spec, "probe", interpreted), "test_probe")
+    x, y = product_choice._operand(spec.a, spec.dtype, DEVICE), product_choice._operand(spec.b, spec.dtype, DEVICE)
+    inputs = product_choice._epilogue_inputs(spec, DEVICE)
+    batch, m, n, _ = spec.sizes()
+    out = torch.empty((batch, m, n) if spec.op == "bmm" else (m, n), dtype=spec.dtype, device=DEVICE)
+    ref = epilogue((torch.bmm if spec.op == "bmm" else torch.mm)(x.float(), y.float()), *[t.float() for t in inputs])
+    for cfg in template_configs(spec.sizes(), spec.dtype, interpreted):
+        out.fill_(float("nan"))
+        mod.probe[(-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]), batch)](x, y, out, *inputs, **cfg)
+        bf16 = spec.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2 if bf16 else 1e-4, atol=1e-3)
+
+
+@pytest.fixture
+def timed_backend(monkeypatch, tmp_path):
+    """The interpreter's Triton backend made to time, as a GPU's does, with a cache directory of its own."""
+    from ember.codegen.triton.backend import TritonBackend
+    monkeypatch.setattr(TritonBackend, "tunes", property(lambda self: True))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+
+
+@needs_triton
+def test_choices_are_timed_once_and_kept_on_disk(timed_backend, monkeypatch):
+    spec = ProductSpec("mm", ((8, 12), (12, 1)), ((12, 8), (8, 1)), None, torch.float32, 1.0)
+    dev = torch.device(DEVICE)
+    timed = []
+    real_median = product_choice.median_ms
+    monkeypatch.setattr(product_choice, "median_ms", lambda launch: timed.append(1) or real_median(launch))
+    first = product_choice.choose_products([spec, spec], dev, interpreted=DEVICE == "cpu")
+    configs = template_configs(spec.sizes(), spec.dtype, DEVICE == "cpu")
+    assert list(first) == [spec] and len(timed) == len(configs) + 2     # the probe's configs, library, copy
+    chosen = first[spec]
+    assert chosen is None or chosen in template_configs(spec.sizes(), spec.dtype, DEVICE == "cpu")
+    monkeypatch.setattr(product_choice, "_time_all", lambda *a: pytest.fail("timed again"))
+    assert product_choice.choose_products([spec], dev, interpreted=DEVICE == "cpu") == first
+
+
+def _swiglu_residual(x, wg, wu, w, r):
+    gate, up = x @ wg, x @ wu             # read by the SwiGLU only
+    down = (F.silu(gate) * up) @ w + r    # read by an add
+    return down, x @ w.t(), r.t() @ x     # the last two: returned as they are
+
+
+@needs_triton
+def test_auto_lowers_each_product_as_chosen(timed_backend, monkeypatch):
+    """A product whose choice is the template becomes a template kernel with that config and its epilogue
+    fused; one whose choice is the library is an ATen call, as with "never"."""
+    asked = []
+
+    def time_all(specs, device, interpreted):
+        asked.extend(specs)
+        return {s: (template_configs(s.sizes(), s.dtype, interpreted)[0] if s.epilogue_share else None)
+                for s in specs}
+    monkeypatch.setattr(product_choice, "_time_all", time_all)
+    args = _rand(24, 40), _rand(40, 32), _rand(40, 32), _rand(32, 40), _rand(24, 40)
+    for _ in range(2):                    # the second compile reads every choice from disk
+        ember.metrics.reset()
+        with ember.config.patch(gemm_templates="auto", graph_cache=False):
+            compiled = ember.compile_graph(make_fx(_swiglu_residual)(*args), list(args))
+            assert_close(tuple(compiled(list(args))), tuple(_swiglu_residual(*args)))
+        assert ember.metrics.template_kernels == 3 and ember.metrics.fallbacks["aten.mm.default"] == 2
+        assert len(asked) == 5, asked     # five products, timed once
+
+
+@needs_triton
+def test_max_autotune_times_the_products_of_forward_and_backward(timed_backend, monkeypatch):
+    from ember.codegen.triton.backend import TritonBackend
+    asked = []
+
+    def choose(self, specs, device):
+        asked.append([s.sizes() for s in specs])
+        return {s: None for s in specs}
+    monkeypatch.setattr(TritonBackend, "choose_products", choose)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(DEVICE)
+    x = _rand(24, 40)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="ember", mode="max-autotune-no-cudagraphs")
+    compiled(x).pow(2).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).pow(2).sum().backward()
+    assert_close(grads, [p.grad for p in model.parameters()])
+    assert len(asked) == 2 and (1, 24, 32, 40) in asked[0] and (1, 32, 40, 24) in asked[1], asked
+    assert ember.config.gemm_templates == "never"       # the mode's setting held only while compiling
