@@ -166,6 +166,24 @@ def test_channels_last_plan_matches_eager(lowerings, model, shape, dtype, train)
     _assert_planned(lowerings, 2 if train else 1)
 
 
+def test_pooling_reads_its_input_channels_last(monkeypatch):
+    """The stem's BatchNorm and ReLU, stored before the max pooling reads them nine times each, are stored in
+    the plan's NHWC layout: a row-major copy would be a transpose between the convolution and the pooling."""
+    import ember.lowering.pooling as pooling
+    strides = []
+
+    def realize(x, reads):
+        out = pooling_realize(x, reads)
+        if not isinstance(out.data, pooling.Pointwise):
+            strides.append([int(s) for s in out.data.layout.stride])
+        return out
+    pooling_realize = pooling.realize_if_costly
+    monkeypatch.setattr(pooling, "realize_if_costly", realize)
+    with ember.config.patch(conv_layout="channels_last", realize_max_ops=8):     # stored, whatever its cost
+        _run(ResNetStem(), torch.randn(2, 3, 20, 20), torch.float32, train=False)
+    assert strides and all(st[1] == 1 for st in strides), strides
+
+
 def test_saved_activations_stay_channels_last(lowerings):
     """The forward returns the activations its backward reads channels-last, and the backward's
     placeholders say so: no copy back to NCHW in between."""

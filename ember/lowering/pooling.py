@@ -22,6 +22,7 @@ from ..ir.deps import record_loops
 from ..ir.nodes import Pointwise, Reduction, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import FloorDiv, sympify
+from .fallback import realize_arg
 from .pointwise import cast
 from .registry import Unsupported, lower
 
@@ -79,10 +80,18 @@ def acc_dtype(dtype):
 
 
 def realize_if_costly(x: TensorBox, reads: int) -> TensorBox:
-    """Store x first when recomputing it for each of `reads` loads costs more than storing it once."""
+    """Store x first when recomputing it for each of `reads` loads costs more than storing it once. x is the
+    lowered op's first argument; it is stored in the layout the graph gives that value (a channels-last
+    plan's NHWC between a convolution and a pooling: graph/passes/conv_layout.py), not row-major."""
     if isinstance(x.data, Pointwise) and reads > 1:
         if record_loops(x.data.inner_fn, x.data.ranges).op_count * reads > config.realize_max_ops:
-            x.realize()
+            node = state.current_graph().current_node
+            arg = node.args[0] if node is not None and node.args else None
+            meta = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            if isinstance(meta, torch.Tensor):
+                realize_arg(x, meta)
+            else:
+                x.realize()
     return x
 
 
