@@ -36,6 +36,8 @@ class KernelBackend:
     matmul_alignment: int = 0
     # a matmul bias whose result only feeds pointwise ops is added by those ops' kernel, not by the GEMM
     adds_matmul_bias_in_epilogue: bool = False
+    # a convolution's bias is added by the kernel that reads its output, not by the convolution library
+    adds_convolution_bias_in_epilogue: bool = False
     # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once
     reads_rows_online: bool = False
     # renders GEMM templates (ir/template.py) with their pointwise consumers fused in: matrix products

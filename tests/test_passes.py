@@ -604,6 +604,22 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
     assert (aten.mm.default in seen) == (not returned)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["as_traced", "channels_last"])
+def test_a_convolution_bias_is_added_by_the_next_kernel(device, monkeypatch, channels_last):
+    """conv2d(x, w, b) then GELU: the convolution runs without its bias and the GELU's kernel adds it;
+    outputs and the gradients of input, weight and bias match eager's."""
+    monkeypatch.setattr(backend_for(device), "adds_convolution_bias_in_epilogue", True)
+    seen = []
+
+    def record(gm):
+        seen.extend(n.args[2] for n in gm.graph.nodes if n.target is aten.convolution.default)
+    x, w, b = (torch.randn(2, 8, 9, 9, device=device), torch.randn(16, 8, 3, 3, device=device),
+               torch.randn(16, device=device))
+    with ember.config.patch(post_grad_passes=[record], conv_layout="channels_last" if channels_last else "as_traced"):
+        check(lambda x, w, b: F.gelu(F.conv2d(x, w, b, padding=1)), x, w, b, grad=True, rtol=1e-4, atol=1e-4)
+    assert seen and all(bias is None for bias in seen)
+
+
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
     """Unforced, float32 is left alone (on a GPU a padded float32 GEMM may run at TF32's precision)."""
     from ember.graph.passes import post_grad

@@ -46,6 +46,8 @@ class TritonBackend(KernelBackend):
         # under autocast a bias needs a cast kernel of its own before the GEMM can add it; in the epilogue
         # of the pointwise kernel that reads the product the cast is free
         self.adds_matmul_bias_in_epilogue = not interpret
+        # cuDNN adds a bias in a separate elementwise pass; oneDNN (under the interpreter) fuses it
+        self.adds_convolution_bias_in_epilogue = not interpret
         # cuDNN converts NCHW operands to NHWC and back around its fastest kernels; under the interpreter
         # the convolutions are oneDNN's, which prefers channels-last too (codegen/cpp/backend.py)
         self.channels_last_convolutions = True

@@ -209,6 +209,30 @@ unfuse_bias_addmm = Pattern(_addmm, _mm_then_bias, [torch.randn(8), torch.randn(
                             extra_check=_bias_fits_epilogue, name="unfuse_bias_addmm")
 
 
+def unfuse_convolution_bias(gm: torch.fx.GraphModule) -> None:
+    """`convolution(x, w, bias)` is `convolution(x, w) + bias` where the device's backend adds a
+    convolution's bias in its own kernels (`adds_convolution_bias_in_epilogue`): the convolution library
+    adds a bias as a separate elementwise pass over the output (cuDNN in NHWC: 22 of ConvNeXt-T's kernels,
+    ~10% of its inference step on an H200), while ember's kernel that reads the output next adds it for
+    free. A 16-bit output is then rounded before the bias is added, as inductor's is. The backward is
+    unchanged: its `convolution_backward` computes the bias gradient as before."""
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target is not aten.convolution.default:
+            continue
+        bias, out = n.args[2], _val(n)
+        b = _val(bias)
+        if not isinstance(out, torch.Tensor) or not isinstance(b, torch.Tensor) or b.dim() != 1 or \
+                b.dtype != out.dtype or not backend_for(out.device).adds_convolution_bias_in_epilogue:
+            continue
+        with gm.graph.inserting_before(n):
+            conv = _call(gm.graph, aten.convolution.default, n.args[0], n.args[1], None, *n.args[3:])
+            shaped = _call(gm.graph, aten.view.default, bias, [-1] + [1] * (out.dim() - 2))
+            added = _call(gm.graph, aten.add.Tensor, conv, shaped)
+        added.meta["val"] = out          # the traced strides (a fake add may pick others)
+        n.replace_all_uses_with(added)
+        gm.graph.erase_node(n)
+
+
 # -- matmuls padded to the device's alignment -------------------------------------------------------------
 
 # A matmul below this many multiply-adds keeps its sizes: the padded copies would cost about what the
@@ -422,7 +446,8 @@ def _val(x):
 
 # attention first: it reads the softmax that online_softmax_stats rewrites
 PASSES: list = [fuse_attention_inference, remove_noop_casts, restore_multiply_adds, scatter_into_constant,
-                online_softmax_stats, unfuse_bias_addmm, pad_matmuls, plan_conv_layouts, bucket_collectives,
+                online_softmax_stats, unfuse_bias_addmm, unfuse_convolution_bias, pad_matmuls, plan_conv_layouts,
+                bucket_collectives,
                 dead_code_elimination]
 
 
