@@ -35,16 +35,22 @@ def realize_arg(a, meta=None):
             if view is not None:
                 a.data = view
                 return view
-            order = _permuted_order(list(a.get_size()), stride) if isinstance(a.data, Pointwise) else None
-            if order is None:
-                state.current_graph().store_with_strides(a, stride)
-            else:
-                _store_in_memory_order(a, stride, order)
+            store_dense(a, stride)
         return a.realize()
     if isinstance(a, (list, tuple)):
         metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(a) else [None] * len(a)
         return type(a)(realize_arg(b, m) for b, m in zip(a, metas))
     return a
+
+
+def store_dense(box: TensorBox, stride: list) -> None:
+    """Store a computed value with these dense strides: a Pointwise whose strides order its dims otherwise
+    than row-major (channels-last) by a kernel that walks memory in order (_store_in_memory_order)."""
+    order = _permuted_order(list(box.get_size()), stride) if isinstance(box.data, Pointwise) else None
+    if order is None:
+        state.current_graph().store_with_strides(box, stride)
+    else:
+        _store_in_memory_order(box, stride, order)
 
 
 def _permuted_order(sizes: list, stride: list):

@@ -19,7 +19,7 @@ from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
 from ..ir.symbolic import hint, product, sympify
-from .fallback import fallback, fallback_higher_order
+from .fallback import fallback, fallback_higher_order, store_dense
 from .layouts import is_dense, is_non_overlapping, same_shape
 from .mutation import flush_mutations
 from .registry import Unsupported, get_lowering, load_all
@@ -147,9 +147,9 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _store_like_eager(self, box: TensorBox, meta) -> None:
         """Store a computed value with eager's strides where those are dense (channels_last stays
-        channels_last): it may turn out to be a graph output, which must have them."""
+        channels_last, written in memory order): it may turn out to be a graph output, which must have them."""
         if same_shape(meta, box) and is_dense(meta):
-            self.store_with_strides(box, [sympify(s) for s in meta.stride()])
+            store_dense(box, [sympify(s) for s in meta.stride()])
         else:
             box.realize()
 
