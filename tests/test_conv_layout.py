@@ -184,6 +184,24 @@ def test_pooling_reads_its_input_channels_last(monkeypatch):
     assert strides and all(st[1] == 1 for st in strides), strides
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_channels_last_values_are_written_in_memory_order(lowerings, train):
+    """Every 4-D value ember's kernels store channels-last is computed in memory order (a buffer contiguous
+    in N, H, W, C, viewed as N, C, H, W): a kernel walking N, C, H, W would write with a stride of C."""
+    from ember.ir.nodes import ComputedBuffer
+    with ember.config.patch(conv_layout="channels_last"):
+        _run(ResNetStem(), torch.randn(2, 3, 20, 20), torch.float32, train=train)
+    for lowering in lowerings:
+        for buf in lowering.buffers:
+            if not isinstance(buf, ComputedBuffer):
+                continue
+            size, stride = [int(s) for s in buf.layout.size], [int(s) for s in buf.layout.stride]
+            if len(size) != 4 or size[1] == 1:
+                continue
+            if stride != [size[1] * size[2] * size[3], size[2] * size[3], size[3], 1]:
+                assert stride[1] != 1, f"{buf.name} {size} stored with strides {stride}"
+
+
 def test_saved_activations_stay_channels_last(lowerings):
     """The forward returns the activations its backward reads channels-last, and the backward's
     placeholders say so: no copy back to NCHW in between."""

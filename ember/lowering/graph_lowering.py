@@ -147,11 +147,23 @@ class GraphLowering(torch.fx.Interpreter):
 
     def _store_like_eager(self, box: TensorBox, meta) -> None:
         """Store a computed value with eager's strides where those are dense (channels_last stays
-        channels_last, written in memory order): it may turn out to be a graph output, which must have them."""
+        channels_last): it may turn out to be a graph output, which must have them. A channels-last value (a
+        convolution plan's) is written in memory order, as its readers and producers walk it: in logical
+        order ResNet-50's max pool read and wrote with a stride of 64 (430 us of a 1.9 ms inference step on
+        an H200). Other permuted layouts (attention's transposes) keep the logical order, which the 2-D
+        tiling serves: in memory order BERT-base's training step took 23.2 ms against 17.2."""
         if same_shape(meta, box) and is_dense(meta):
-            store_dense(box, [sympify(s) for s in meta.stride()])
+            self._store_as_eager(box, meta)
         else:
             box.realize()
+
+    def _store_as_eager(self, box: TensorBox, meta) -> None:
+        """Store a computed value with its fake value's strides; a channels-last one in memory order."""
+        stride = [sympify(s) for s in meta.stride()]
+        if meta.dim() == 4 and meta.is_contiguous(memory_format=torch.channels_last) and not meta.is_contiguous():
+            store_dense(box, stride)
+        else:
+            self.store_with_strides(box, stride)
 
     def store_with_strides(self, box: TensorBox, stride: list) -> None:
         """Store a computed (not yet stored) value as a buffer with these strides."""
@@ -279,19 +291,18 @@ class GraphLowering(torch.fx.Interpreter):
             # store outputs with eager's strides, so users see the same layout, and so does a backward
             # graph that reads a saved output: it was compiled for the fake tensor's strides. A view
             # (strides with gaps) is stored with its strides too, where it starts at offset 0.
-            layout = Layout.contiguous(box.device, box.dtype, box.get_size())
-            if isinstance(meta, torch.Tensor) and len(meta.shape) == len(layout.size) and \
+            if isinstance(meta, torch.Tensor) and len(meta.shape) == len(box.get_size()) and \
                     (is_dense(meta) or is_non_overlapping(meta)):
-                layout = Layout(box.device, box.dtype, layout.size, [sympify(s) for s in meta.stride()])
-            box.data = self.register_buffer(ComputedBuffer(None, layout, box.data))
+                self._store_as_eager(box, meta)
+            else:
+                box.realize()
         elif isinstance(box.data, (ComputedBuffer, ExternKernel, MultiOutput, ReinterpretView)) and \
                 _differs_from(box.data.layout, meta):
             # stored earlier (or viewed) with other strides than eager's: a backward graph reading this
             # output was compiled for the fake tensor's strides, so return a copy in them. A view gets
             # here when a pass rewrote its base: a padded matmul's result sliced back to eager's size
-            copy = TensorBox.pointwise(box.device, box.dtype, box.make_loader(), list(box.get_size()))
-            layout = Layout(box.device, box.dtype, list(box.get_size()), [sympify(s) for s in meta.stride()])
-            box = TensorBox(self.register_buffer(ComputedBuffer(None, layout, copy.data)))
+            box = TensorBox.pointwise(box.device, box.dtype, box.make_loader(), list(box.get_size()))
+            self._store_as_eager(box, meta)
         return box.data
 
 
