@@ -118,7 +118,7 @@ def test_choices_are_timed_once_and_kept_on_disk(timed_backend, monkeypatch):
     dev = torch.device(DEVICE)
     timed = []
     real_median = product_choice.median_ms
-    monkeypatch.setattr(product_choice, "median_ms", lambda launch: timed.append(1) or real_median(launch))
+    monkeypatch.setattr(product_choice, "median_ms", lambda launch, **kw: timed.append(1) or real_median(launch, **kw))
     first = product_choice.choose_products([spec, spec], dev, interpreted=DEVICE == "cpu")
     configs = template_configs(spec.sizes(), spec.dtype, DEVICE == "cpu")
     assert list(first) == [spec] and len(timed) == len(configs) + 2     # the probe's configs, library, copy

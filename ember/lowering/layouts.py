@@ -20,10 +20,14 @@ def is_dense(t: torch.Tensor) -> bool:
         return False
 
 
+def has_static_layout(t: torch.Tensor) -> bool:
+    """Are t's sizes, strides and offset plain ints (no symbols; asking about a symbol adds a guard)?"""
+    return all(type(v) is int for v in (*t.shape, *t.stride(), t.storage_offset()))
+
+
 def is_non_overlapping(t: torch.Tensor) -> bool:
     """Static strides, offset 0, and no two elements at one address (gaps allowed)."""
-    vals = list(t.shape) + list(t.stride()) + [t.storage_offset()]
-    if not all(type(v) is int for v in vals) or t.storage_offset() != 0:
+    if not has_static_layout(t) or t.storage_offset() != 0:
         return False          # symbolic: asking would add a guard
     dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
     reach = 1

@@ -22,6 +22,7 @@ from ..ir.nodes import TensorBox
 from ..ir.ops import ops
 from ..ir.template import ProductSpec, TemplateBuffer
 from .fallback import realize_arg
+from .layouts import has_static_layout
 from .pointwise import pointwise
 from .registry import Unsupported, lower
 
@@ -95,7 +96,7 @@ def product_spec(n: torch.fx.Node) -> ProductSpec | None:
     metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in n.args]
     if not all(isinstance(m, torch.Tensor) for m in metas) or not isinstance(n.meta.get("val"), torch.Tensor):
         return None
-    if any(not _static(m) for m in metas):
+    if not all(has_static_layout(m) for m in metas):
         return None
     a, b = metas[-2:]
     if a.dtype not in TEMPLATE_DTYPES or b.dtype != a.dtype or metas[0].dtype != a.dtype:
@@ -108,10 +109,6 @@ def product_spec(n: torch.fx.Node) -> ProductSpec | None:
         sketch = ("load_full" if metas[0].numel() == n.meta["val"].numel() else "load_row",) + sketch
     return ProductSpec(op, layout[-2], layout[-1], layout[0] if op == "addmm" else None, a.dtype,
                        _epilogue_share(n), sketch)
-
-
-def _static(t: torch.Tensor) -> bool:
-    return all(isinstance(v, int) for v in (*t.shape, *t.stride(), t.storage_offset()))
 
 
 def _readers(n: torch.fx.Node) -> list:

@@ -165,6 +165,28 @@ def fastest(candidates: list, time: Callable, args, written, what: str):
     return best
 
 
+BACK_TO_BACK = 10       # launches per timed sample, as in a model
+# GPU cycles the stream sleeps before a GPU-only sample (about 1 ms): the host queues the sample's launches
+# meanwhile, so a launch of a few microseconds is timed on the GPU, not by the host's pace of launching
+SLEEP_CYCLES = 2_000_000
+
+
+def median_ms(launch: Callable[[], None], samples: int = 5, gpu_only: bool = False) -> float:
+    """Median over `samples` of one launch's milliseconds, each sample BACK_TO_BACK launches (the first
+    launch compiles and warms up). `gpu_only`: the GPU's time alone (see SLEEP_CYCLES)."""
+    launch()
+
+    def launches():
+        for _ in range(BACK_TO_BACK):
+            launch()
+    times = []
+    for _ in range(samples):
+        if gpu_only and torch.cuda.is_available():
+            torch.cuda._sleep(SLEEP_CYCLES)
+        times.append(time_once(launches) / BACK_TO_BACK)
+    return sorted(times)[len(times) // 2]
+
+
 def time_once(launch: Callable[[], None]) -> float:
     """Milliseconds one call of `launch` runs on the GPU (on the CPU, the interpreter: wall time)."""
     if not torch.cuda.is_available():

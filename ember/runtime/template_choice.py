@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from .autotune import fastest, read_choice, time_once, write_choice
+from .autotune import fastest, median_ms, read_choice, write_choice
 from .launch import Launcher
 from .loader import cache_dir
 
@@ -36,9 +36,6 @@ class TemplateTuning:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-BACK_TO_BACK = 10       # launches per timed sample
 
 
 class TemplateChoice:
@@ -106,13 +103,4 @@ class TemplateChoice:
     def _time(self, cand, args) -> float:
         """Median time of one launch in ms (a first launch compiles and warms up)."""
         log.debug("ember template autotune: timing %s (kernel %s)", cand, self.key)
-        self.launch(cand, args)
-        times = sorted(self._time_once(cand, args) for _ in range(5))
-        return times[len(times) // 2]
-
-    def _time_once(self, cand, args) -> float:
-        # back-to-back launches, as in a model
-        def launches():
-            for _ in range(BACK_TO_BACK):
-                self.launch(cand, args)
-        return time_once(launches) / BACK_TO_BACK
+        return median_ms(lambda: self.launch(cand, args))

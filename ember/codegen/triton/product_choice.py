@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ...ir.template import ProductSpec
 from ...runtime import compile_pool
-from ...runtime.autotune import read_choice, time_once, write_choice
+from ...runtime.autotune import median_ms, read_choice, write_choice
 from ...runtime.launch import Launcher
 from ...runtime.loader import cache_dir, load_module
 from .gemm_template import main_loop_lines, template_configs
@@ -46,8 +46,6 @@ log = logging.getLogger("ember")
 # the template must beat the library (plus the epilogue it saves) by this fraction: a near-tie keeps the
 # library call, whose speed does not depend on ember's timing being representative
 MARGIN = 0.03
-BACK_TO_BACK = 10       # launches per timed sample, as in a model
-SAMPLES = 5
 
 
 def choose_products(specs: list, device: torch.device, interpreted: bool) -> dict:
@@ -163,17 +161,18 @@ def _choose(spec: ProductSpec, probe, configs: list, device: torch.device) -> Op
         launch = (lambda g=grid, cfg=cfg: probe.launch(g, args, cfg)) if isinstance(probe, Launcher) \
             else (lambda g=grid, cfg=cfg: probe[g](*args, **cfg))
         try:
-            templates.append((median_ms(launch), cfg))
+            templates.append((median_ms(launch, gpu_only=True), cfg))
         except Exception as e:        # noqa: BLE001 - a config that fails is only dropped
             log.debug("ember product choice: %s config %s dropped: %s", spec, cfg, e)
-    library = median_ms(_library_call(spec, a, b, device))
+    library = median_ms(_library_call(spec, a, b, device), gpu_only=True)
     saved = 0.0
     if spec.epilogue_share:
         # the library's epilogue kernel: the product's re-read and the output's write (less where the product
         # is stored anyway), and a read of each full-size input; each read or write is half a copy
         copy_src, copy_dst = torch.empty_like(c), torch.empty_like(c)
         full_loads = sum(t == "load_full" for t in spec.epilogue)
-        saved = (spec.epilogue_share + 0.5 * full_loads) * median_ms(lambda: copy_dst.copy_(copy_src))
+        copy_ms = median_ms(lambda: copy_dst.copy_(copy_src), gpu_only=True)
+        saved = (spec.epilogue_share + 0.5 * full_loads) * copy_ms
     choice = decide(templates, library, saved)
     log.debug("ember product choice: %s: library %.4f ms (+%.4f saved by fusing), template %s -> %s", spec,
               library, saved, [(round(t, 4), cfg) for t, cfg in templates], "library" if choice is None else choice)
@@ -195,24 +194,3 @@ def _library_call(spec: ProductSpec, a, b, device):
         return lambda: torch.addmm(bias, a, b)
     product = torch.bmm if spec.op == "bmm" else torch.mm
     return lambda: product(a, b)
-
-
-# GPU cycles the stream sleeps before each timed sample (about 1 ms): the host queues the sample's launches
-# meanwhile, so a product of a few microseconds is timed on the GPU, not by the host's pace of launching
-SLEEP_CYCLES = 2_000_000
-
-
-def median_ms(launch) -> float:
-    """Median over SAMPLES of one launch's GPU milliseconds, each sample BACK_TO_BACK launches (the first
-    launch compiles and warms up)."""
-    launch()
-
-    def launches():
-        for _ in range(BACK_TO_BACK):
-            launch()
-    times = []
-    for _ in range(SAMPLES):
-        if torch.cuda.is_available():
-            torch.cuda._sleep(SLEEP_CYCLES)
-        times.append(time_once(launches) / BACK_TO_BACK)
-    return sorted(times)[len(times) // 2]
