@@ -87,7 +87,17 @@ def test_bmm_scaled_residual(dtype):
     a, b, r = _rand(2, 32, 24, dtype=dtype), _rand(2, 24, 40, dtype=dtype), _rand(2, 32, 40, dtype=dtype)
     _, sources = _compile(lambda a, b, r: (torch.bmm(a, b) * 0.125 + r,), a, b, r)
     (src,) = _only_templates(sources, 1)
-    assert "tl.program_id(1)" in src
+    assert "tb = (tile // tiles_per_batch)" in src      # the batch entry of each tile the program walks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_programs_walk_several_tiles(dtype):
+    """A product of more tiles than the persistent grid has programs: each program walks several tiles, of
+    several batch entries, and every tile's epilogue (tanh-GELU on a residual) lands where it belongs."""
+    a, b, r = _rand(3, 131, 29, dtype=dtype), _rand(3, 29, 67, dtype=dtype), _rand(3, 131, 67, dtype=dtype)
+    _, sources = _compile(lambda a, b, r: (F.gelu(torch.bmm(a, b) + r, approximate="tanh"),), a, b, r)
+    (src,) = _only_templates(sources, 1)
+    assert "tl.num_programs(0)" in src
 
 
 def test_bmm_of_transposed_operands():
@@ -228,7 +238,7 @@ def test_the_first_call_binds_the_chosen_launch():
     assert "run" in vars(choice) and choice.chosen == cfg
     choice.grid = None          # a second call that worked out the grid would fail here
     choice.run("c", "d")
-    assert launched == [((6, 2), ("a", "b"), 32), ((6, 2), ("c", "d"), 32)]
+    assert launched == [((3,), ("a", "b"), 32), ((3,), ("c", "d"), 32)]     # 3 programs: INTERPRETED_PROGRAMS
 
 
 def test_the_bound_launch_is_the_launchers_hot_path(monkeypatch):

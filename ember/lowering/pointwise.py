@@ -449,10 +449,13 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
 @lower(aten.gelu.default)
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":
+        # 0.5 v (1 + tanh(u)) = v sigmoid(2u) = v / (1 + exp(-2u)): one exp and a division instead of a tanh,
+        # which costs several times more where it runs at a GEMM epilogue's occupancy (docs/performance.md,
+        # "GEMM epilogues"), and no cancellation in 1 + tanh(u) for negative v
         def fn(v):
-            c = ops.constant(math.sqrt(2 / math.pi), torch.float32)
-            inner = ops.mul(c, ops.add(v, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(v, ops.mul(v, v)))))
-            return ops.mul(ops.mul(ops.constant(0.5, torch.float32), v), ops.add(ops.constant(1.0, torch.float32), ops.tanh(inner)))
+            c = ops.constant(-2 * math.sqrt(2 / math.pi), torch.float32)
+            minus_2u = ops.mul(c, ops.add(v, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(v, ops.mul(v, v)))))
+            return ops.truediv(v, ops.add(ops.constant(1.0, torch.float32), ops.exp(minus_2u)))
     else:
         def fn(v):
             half = ops.constant(0.5, torch.float32)

@@ -38,6 +38,24 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# programs of a template's grid under Triton's interpreter: a few, so that each walks several tiles as on a GPU
+INTERPRETED_PROGRAMS = 3
+
+
+def max_programs(device: torch.device) -> int:
+    """The most programs a template's persistent grid launches on `device`: one per SM on a GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETED_PROGRAMS
+
+
+def template_grid(sizes: tuple, cfg: dict, programs: int) -> tuple:
+    """The persistent grid of a template kernel (gemm_template.py) over a product of (batch, M, N, K): one
+    program per output tile of every batch entry, at most `programs`; each walks tiles that far apart."""
+    batch, m, n, _ = sizes
+    return (max(1, min(programs, batch * _cdiv(m, cfg["BLOCK_M"]) * _cdiv(n, cfg["BLOCK_N"]))),)
+
+
 class TemplateChoice:
     """A template kernel with its candidates; `run(*args)` launches the chosen one."""
 
@@ -45,20 +63,26 @@ class TemplateChoice:
         self.fn, self.tuning = fn, tuning
         self.key = hashlib.sha256(source.encode()).hexdigest()[:24]
         self.chosen = None          # a config
+        self.programs = None        # the grid's most programs, from the device of the first call's arguments
         # ember's Launcher takes (grid, args, meta) without the frame and closure of `fn[grid](...)`
         self._launcher = isinstance(fn, Launcher)
 
     def grid(self, cfg: dict) -> tuple:
-        batch, m, n, _ = self.tuning.sizes
-        return (_cdiv(m, cfg["BLOCK_M"]) * _cdiv(n, cfg["BLOCK_N"]), batch)
+        return template_grid(self.tuning.sizes, cfg, self.programs)
 
     def launch(self, cfg, args) -> None:
         self._bound(cfg)(*args)
+
+    def _set_programs(self, args) -> None:
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        self.programs = max_programs(device)
 
     def run(self, *args) -> None:
         """The first call chooses (or reads the choice from disk), then binds `run` to the chosen candidate's
         launch with its grid and views worked out once: a product of a few tens of microseconds is launched
         back to back in a model, where per-call Python shows."""
+        if self.programs is None:
+            self._set_programs(args)
         if self.chosen is None:
             self.chosen = self._choose(args)
         # launched before binding: a Launcher's first launch installs the hot path that the binding keeps

@@ -1,19 +1,23 @@
 """A fused group holding a GEMM template (ir/template.py) -> one Triton kernel: a tiled matrix product with
 its pointwise consumers computed on the output tile before anything is stored.
 
-The kernel is a TritonKernel whose one section starts with the template's main loop. Each program owns a
-BLOCK_M x BLOCK_N tile of the product (of one batch entry for bmm), accumulates it in float32 over K with
-`tl.dot`, and then defines `xindex` (the flat index of each tile element in the product's row-major order,
-a [BLOCK_M, BLOCK_N] block) and `xmask` (elements inside the product). From there on the fused nodes'
-store bodies run exactly as in a pointwise kernel: their indices are the scheduler's, in terms of the flat
-`xindex` (fusion checked that every access of the product is at the element the template writes), and
-their loads of the product are forwarded the tile's value. The product is stored only where something
-outside the kernel reads it.
+The kernel is a TritonKernel whose one section starts with the template's main loop. The grid is
+persistent: at most one program per SM, each walking the output tiles (BLOCK_M x BLOCK_N, of every batch
+entry for bmm) `tl.num_programs(0)` apart, in a loop Triton flattens with the K loop inside it, so one tile's
+epilogue overlaps the next tile's first loads. For each tile the program accumulates the product in float32
+over K with `tl.dot`, and then defines `xindex` (the flat index of each tile element in the product's
+row-major order, a [BLOCK_M, BLOCK_N] block) and `xmask` (elements inside the product). From there on the
+fused nodes' store bodies run exactly as in a pointwise kernel, inside the tile loop: their indices are the
+scheduler's, in terms of the flat `xindex` (fusion checked that every access of the product is at the
+element the template writes), and their loads of the product are forwarded the tile's value. The product is
+stored only where something outside the kernel reads it.
 
 Whether a product is a template at all is decided before lowering (gemm_templates="auto":
 product_choice.py times the template's main loop against the library call).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -35,9 +39,11 @@ TEMPLATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Candidate tiles on a GPU: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), best guess first. Block sizes
 # are multiples of 16 (tl.dot's smallest tile on sm80 and sm90); the deep-K, many-stage tiles fit the 228 KB
-# of shared memory of an H100 for 16-bit operands, float32 takes half the K depth.
-_GPU_TILES_16BIT = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
-                    (64, 64, 64, 4, 4), (32, 64, 64, 4, 5)]
+# of shared memory of an H100 for 16-bit operands, float32 takes half the K depth. On the GEMM anchor's
+# products (H100, experiments/persistent_gemm_probe.py) 128x256 with 8 warps was fastest on most, 128x128
+# with 4 warps and 4 stages on a narrow one (N=768, K=3072).
+_GPU_TILES_16BIT = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 256, 64, 8, 4),
+                    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 64, 4, 4), (32, 64, 64, 4, 5)]
 _GPU_TILES_32BIT = [(128, 128, 32, 8, 3), (64, 128, 32, 4, 4), (128, 64, 32, 4, 4), (64, 64, 32, 4, 4),
                     (32, 64, 32, 4, 5)]
 GROUP_M = 8           # programs along M that walk N together, so their B tiles stay in L2
@@ -99,8 +105,9 @@ class TemplateKernel(TritonKernel):
 
     def _main_loop(self):
         p = self.product
-        for line in main_loop_lines(p.sizes(), p.batched, p.dtype, self._operand(p.a), self._operand(p.b),
-                                    self.use_int64, self.even_k, self.interpreted):
+        self.main = main_loop_lines(p.sizes(), p.batched, p.dtype, self._operand(p.a), self._operand(p.b),
+                                    self.use_int64, self.even_k, self.interpreted)
+        for line in self.main.tile:
             self.emit(line)
         # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is
         acc = KValue("acc", torch.float32, "x")
@@ -122,15 +129,30 @@ class TemplateKernel(TritonKernel):
         consts = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
         lines = ["@triton.jit", f"def {self.name}({', '.join(self.signature() + consts)}):"]
         sec = self.sections[0]
-        lines += ["    " + ln for ln in sec.pre + sec.body + sec.post]
+        # the tile's lines come first in the body; the fused epilogue follows them inside the tile loop
+        lines += ["    " + ln for ln in self.main.around(sec.pre + sec.body + sec.post)]
         return "\n".join(lines) + "\n"
 
 
+@dataclasses.dataclass
+class MainLoop:
+    """The template's main loop as lines: `setup` runs once per program, `tile` once per output tile (its
+    product `acc`, `xindex`, `xmask`), inside the loop over the program's tiles."""
+    setup: list
+    tile_loop: str
+    tile: list
+
+    def around(self, tile_body: list) -> list:
+        """The kernel body: the setup, then the tile loop over `tile_body` (the tile's lines and what follows
+        them)."""
+        return self.setup + [self.tile_loop] + ["    " + ln for ln in tile_body]
+
+
 def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b: tuple, int64: bool,
-                    even_k: bool, interpreted: bool) -> list[str]:
-    """The template's main loop: the float32 tile `acc` of the product, then `xindex` and `xmask` (the tile's
-    flat positions in the row-major product, and which are inside it). `a` and `b` are each operand's
-    (pointer name, offset, (batch, row, col) strides)."""
+                    even_k: bool, interpreted: bool) -> MainLoop:
+    """The template's main loop: for each of the program's tiles, the float32 tile `acc` of the product,
+    then `xindex` and `xmask` (the tile's flat positions in the row-major product, and which are inside it).
+    `a` and `b` are each operand's (pointer name, offset, (batch, row, col) strides)."""
     batch, M, N, K = sizes
     a_ptr, a_off, (sab, sam, sak) = a
     b_ptr, b_off, (sbb, sbk, sbn) = b
@@ -139,14 +161,19 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     if dtype == torch.float32:
         precision = ", input_precision=\"tf32\"" if torch.backends.cuda.matmul.allow_tf32 else \
             ", input_precision=\"ieee\""
-    lines = [
+    setup = [
         f"# {'bmm' if batched else 'mm'}: [{batch}] x [{M}, {K}] @ [{K}, {N}], {dtype}, float32 accumulator",
-        "pid = tl.program_id(0)",
-        f"tb = tl.program_id(1){idx}" if batched else "tb = 0",
         f"num_pid_m = {_cdiv_src(M, 'BLOCK_M')}",
         f"num_pid_n = {_cdiv_src(N, 'BLOCK_N')}",
+        "tiles_per_batch = num_pid_m * num_pid_n",
         # GROUP_M rows of tiles walk the columns together: their B tiles stay in L2
         "pids_in_group = GROUP_M * num_pid_n",
+    ]
+    # flatten: Triton pipelines the K loop across tiles, so a tile's epilogue overlaps the next one's loads
+    tile_loop = f"for tile in tl.range(tl.program_id(0), {batch} * tiles_per_batch, tl.num_programs(0), flatten=True):"
+    lines = [
+        f"tb = (tile // tiles_per_batch){idx}" if batched else "tb = 0",
+        "pid = tile % tiles_per_batch",
         "first_pid_m = (pid // pids_in_group) * GROUP_M",
         "group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
         "pid_m = first_pid_m + (pid % pids_in_group) % group_rows",
@@ -178,7 +205,7 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     lines += ["    " + ln for ln in body]
     lines += [f"xindex = tb * {M * N} + rm[:, None] * {N} + rn[None, :]",
               f"xmask = (rm < {M})[:, None] & (rn < {N})[None, :]"]
-    return lines
+    return MainLoop(setup, tile_loop, lines)
 
 
 def _cdiv_src(n: int, block: str) -> str:

@@ -38,6 +38,7 @@ from ...runtime import compile_pool
 from ...runtime.autotune import median_ms, read_choice, write_choice
 from ...runtime.launch import Launcher
 from ...runtime.loader import cache_dir, load_module
+from ...runtime.template_choice import max_programs, template_grid
 from .gemm_template import main_loop_lines, template_configs
 from .spelling import UNARY, module_header, triton_type
 
@@ -76,7 +77,7 @@ def _path(spec: ProductSpec, device: torch.device) -> str:
 
 # a sketched epilogue op -> its spelling on the probe's float32 tile `v` (ops not listed cost the probe nothing:
 # additions and products are cheap beside the main loop)
-_SKETCH_OPS = {"gelu": "libdevice.erf({0})", "gelu_tanh": "libdevice.tanh({0})", "silu": "tl.sigmoid({0})",
+_SKETCH_OPS = {"gelu": "libdevice.erf({0})", "gelu_tanh": "{0} / (1.0 + tl.exp(-2.0 * {0}))", "silu": "tl.sigmoid({0})",
                "erf": "libdevice.erf({0})", **{k: v for k, v in UNARY.items() if "libdevice" in v or "tl." in v}}
 
 
@@ -87,9 +88,9 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
     batch, m, n, k = spec.sizes()
     int64 = max(_extent(spec.a), _extent(spec.b), batch * m * n) >= 2 ** 31
     even_k = all(k % cfg["BLOCK_K"] == 0 for cfg in template_configs(spec.sizes(), spec.dtype, interpreted))
-    lines = main_loop_lines(spec.sizes(), spec.op == "bmm", spec.dtype, ("A", 0, _strides(spec.a)),
-                            ("B", 0, _strides(spec.b)), int64, even_k, interpreted)
-    lines.append("v = acc")
+    main = main_loop_lines(spec.sizes(), spec.op == "bmm", spec.dtype, ("A", 0, _strides(spec.a)),
+                           ("B", 0, _strides(spec.b)), int64, even_k, interpreted)
+    lines = main.tile + ["v = acc"]
     loads = _loads(spec)
     for i, token in enumerate(loads):
         index = "xindex" if token == "load_full" else f"(xindex % {n})"
@@ -99,7 +100,7 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
     params = ["A", "B", "C"] + [f"E{i}" for i in range(len(loads))] + \
         [f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
     head = ["@triton.jit", f"def {name}({', '.join(params)}):"]
-    return "\n".join(head + ["    " + ln for ln in lines]) + "\n"
+    return "\n".join(head + ["    " + ln for ln in main.around(lines)]) + "\n"
 
 
 def _loads(spec: ProductSpec) -> list:
@@ -156,8 +157,9 @@ def _choose(spec: ProductSpec, probe, configs: list, device: torch.device) -> Op
     c = torch.empty((batch, m, n) if spec.op == "bmm" else (m, n), dtype=spec.dtype, device=device)
     args = (a, b, c, *_epilogue_inputs(spec, device))
     templates = []
+    programs = max_programs(device)
     for cfg in configs:
-        grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]), batch)
+        grid = template_grid(spec.sizes(), cfg, programs)
         launch = (lambda g=grid, cfg=cfg: probe.launch(g, args, cfg)) if isinstance(probe, Launcher) \
             else (lambda g=grid, cfg=cfg: probe[g](*args, **cfg))
         try:
