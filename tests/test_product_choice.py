@@ -88,10 +88,17 @@ def test_probe_kernels_compute_the_sketched_epilogue():
     _check_probe(spec, lambda p, full, row: torch.tanh(p + full.view(p.shape) + row))
 
 
+def test_probe_kernels_compute_gelu_with_the_kernels_erf():
+    """Exact GELU's sketch is the erf generated kernels call (ember's helper), after a bias row."""
+    spec = ProductSpec("mm", ((17, 13), (13, 1)), ((13, 23), (23, 1)), None, torch.float32, 1.0,
+                       ("load_row", "gelu"))
+    _check_probe(spec, lambda p, row: torch.erf(p + row))
+
+
 def _check_probe(spec, epilogue=lambda p, *inputs: p):
     interpreted = DEVICE == "cpu"
-    mod = product_choice.load_module(product_choice.module_header(interpreted) +
-                                     product_choice.probe_source(spec, "probe", interpreted), "test_probe")
+    mod = product_choice.load_probes(product_choice.module_header(interpreted) +
+                                     product_choice.probe_source(spec, "probe", interpreted))
     x, y = product_choice._operand(spec.a, spec.dtype, DEVICE), product_choice._operand(spec.b, spec.dtype, DEVICE)
     inputs = product_choice._epilogue_inputs(spec, DEVICE)
     batch, m, n, _ = spec.sizes()

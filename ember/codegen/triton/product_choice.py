@@ -77,8 +77,9 @@ def _path(spec: ProductSpec, device: torch.device) -> str:
 
 # a sketched epilogue op -> its spelling on the probe's float32 tile `v` (ops not listed cost the probe nothing:
 # additions and products are cheap beside the main loop)
-_SKETCH_OPS = {"gelu": "libdevice.erf({0})", "gelu_tanh": "{0} / (1.0 + tl.exp(-2.0 * {0}))", "silu": "tl.sigmoid({0})",
-               "erf": "libdevice.erf({0})", **{k: v for k, v in UNARY.items() if "libdevice" in v or "tl." in v}}
+_SKETCH_OPS = {"gelu": "helpers.erf_f32({0})", "gelu_tanh": "{0} / (1.0 + tl.exp(-2.0 * {0}))",
+               "silu": "tl.sigmoid({0})", "erf": "helpers.erf_f32({0})",
+               **{k: v for k, v in UNARY.items() if "libdevice" in v or "tl." in v}}
 
 
 def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
@@ -101,6 +102,12 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
         [f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
     head = ["@triton.jit", f"def {name}({', '.join(params)}):"]
     return "\n".join(head + ["    " + ln for ln in main.around(lines)]) + "\n"
+
+
+def load_probes(source: str):
+    """The module of probe kernels, with the helpers generated kernels call (erf)."""
+    from .backend import triton_helpers
+    return load_module(source, "ember_probes", {"helpers": triton_helpers()})
 
 
 def _loads(spec: ProductSpec) -> list:
@@ -136,12 +143,11 @@ def _time_all(specs: list, device: torch.device, interpreted: bool) -> dict:
     configs = [template_configs(s.sizes(), s.dtype, interpreted) for s in specs]
     source = module_header(interpreted) + \
         "\n\n".join(probe_source(s, name, interpreted) for s, name in zip(specs, names))
-    mod = load_module(source, "ember_probes")
+    mod = load_probes(source)
     if not interpreted:
         kernels = [types.SimpleNamespace(name=name, warm=compile_pool.WarmSpec([s.dtype] * (3 + len(_loads(s))), cfgs))
                    for s, name, cfgs in zip(specs, names, configs)]
-        from .backend import triton_helpers
-        compile_pool.precompile(mod, triton_helpers(), kernels)
+        compile_pool.precompile(mod, mod.helpers, kernels)
     out = {}
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with unset_fake_temporarily(), _disable_current_modes(), on_device:
