@@ -26,7 +26,7 @@ _EXTRA = [
     aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_batch_norm,
     aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit_no_training, aten.native_group_norm, aten.linear,
-    aten.nll_loss_forward, aten.nll_loss_backward, aten.gelu_backward, aten.silu_backward,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten.silu_backward,
     aten.sigmoid_backward, aten.tanh_backward, aten.embedding_dense_backward, aten.mse_loss,
     aten.mse_loss_backward, aten.logsumexp, aten.rms_norm, aten._fused_rms_norm,
     aten.native_dropout_backward, aten.hardswish, aten.hardsigmoid, aten.softplus, aten.elu,
@@ -37,7 +37,8 @@ _EXTRA = [
 # Lowered directly (a better kernel than the decomposition's): keep the overloads ember lowers out of the
 # table.
 _KEEP = [
-    aten.var, aten.var_mean, aten.std, aten.std_mean, aten.gelu, aten.silu, aten.clamp_min, aten.clamp_max,
+    aten.var, aten.var_mean, aten.std, aten.std_mean, aten.gelu, aten.gelu_backward, aten.silu, aten.clamp_min,
+    aten.clamp_max,
     aten.clamp, aten.where, aten.hardtanh, aten.full_like, aten.zeros_like, aten.ones_like, aten.arange,
     aten.lerp, aten.addcmul, aten.addcdiv, aten.leaky_relu, aten.nan_to_num, aten.round, aten.rsub,
     aten.upsample_nearest2d, aten._upsample_nearest_exact2d,

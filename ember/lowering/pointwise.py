@@ -464,6 +464,32 @@ def gelu(x, *, approximate="none"):
     return pointwise(fn, x, kind=KIND.INT_TO_FLOAT)
 
 
+@lower(aten.gelu_backward.default)
+def gelu_backward(grad, x, *, approximate="none"):
+    f32 = lambda c: ops.constant(c, torch.float32)  # noqa: E731
+    if approximate == "tanh":
+        # gelu(v) = v s with s = sigmoid(2u), u = k (v + c v^3): the gradient is g (s + 2 v u' s (1 - s)),
+        # u' = k (1 + 3 c v^2). With q = exp(-2|u|) (never overflows) and r = 1 / (1 + q): s is r or q r by
+        # the sign of u, and s (1 - s) = q r^2 either way, free of the cancellation in torch's 1 - tanh(u)^2
+        def fn(g, v):
+            k, c = math.sqrt(2 / math.pi), 0.044715
+            v2 = ops.mul(v, v)
+            u = ops.mul(f32(k), ops.add(v, ops.mul(f32(c), ops.mul(v2, v))))
+            q = ops.exp(ops.mul(f32(-2.0), ops.abs(u)))
+            r = ops.truediv(f32(1.0), ops.add(f32(1.0), q))
+            s = ops.where(ops.ge(u, f32(0.0)), r, ops.mul(q, r))
+            du = ops.mul(f32(k), ops.add(f32(1.0), ops.mul(f32(3 * c), v2)))
+            slope = ops.mul(ops.mul(f32(2.0), ops.mul(v, du)), ops.mul(q, ops.mul(r, r)))
+            return ops.mul(g, ops.add(s, slope))
+    else:
+        # d/dv [v Phi(v)] = Phi(v) + v phi(v)
+        def fn(g, v):
+            cdf = ops.mul(f32(0.5), ops.add(f32(1.0), ops.erf(ops.mul(v, f32(math.sqrt(0.5))))))
+            pdf = ops.mul(f32(1 / math.sqrt(2 * math.pi)), ops.exp(ops.mul(f32(-0.5), ops.mul(v, v))))
+            return ops.mul(g, ops.add(cdf, ops.mul(v, pdf)))
+    return pointwise(fn, grad, x, kind=KIND.INT_TO_FLOAT)
+
+
 @lower(aten.silu.default)
 def silu(x):
     return pointwise(lambda v: ops.mul(v, ops.sigmoid(v)), x, kind=KIND.INT_TO_FLOAT)

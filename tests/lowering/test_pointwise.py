@@ -98,6 +98,26 @@ def test_gelu_grad(device, approximate):
     lowered(lambda a: F.gelu(a, approximate=approximate), randf(6, 33, lo=-5, hi=5, device=device), grad=True)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_gelu_and_its_backward_far_out(device, approximate, dtype):
+    """GELU and aten.gelu_backward (lowered by ember, not decomposed) from -1e4 to 1e4 and NaN (and, for the
+    gradient, infinities): where exp(-2u) overflows, where the gradient's terms vanish, and in the usual
+    range. (Eager's CPU GELU gives NaN at +inf, where ember gives inf.)"""
+    far = [-1e4, -60.0, -20.0, -9.0, -1e-3, 0.0, 1e-6, 9.0, 20.0, 60.0, 1e4, float("nan")]
+    x = torch.cat([randf(200, lo=-6, hi=6, dtype=dtype, device=device), torch.tensor(far, dtype=dtype, device=device)])
+    lowered(lambda a: F.gelu(a, approximate=approximate), x)
+    x = torch.cat([x, torch.tensor([float("inf"), -float("inf")], dtype=dtype, device=device)])
+    g = randf(x.numel(), dtype=dtype, device=device)
+    lowered(lambda g, a: torch.ops.aten.gelu_backward(g, a, approximate=approximate), g, x)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_grad_bf16(device, approximate):
+    lowered(lambda a: F.gelu(a, approximate=approximate), randf(6, 33, lo=-5, hi=5, dtype=BF16, device=device),
+            grad=True)
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_silu(device, dtype):
     lowered(F.silu, randf(6, 33, lo=-8, hi=8, dtype=dtype, device=device))
