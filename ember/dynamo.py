@@ -12,7 +12,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from . import config, metrics
 from .compile_graph import CompiledGraph, compile_graph
 from .device import check_backend_settings
-from .graph.decompose import decomposition_table
+from .graph.decompose import LazyTable
 from .graph.passes import joint, pre_grad
 from .runtime import whole_graph_cache
 from .runtime.gc_pause import gc_paused
@@ -90,7 +90,7 @@ def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         partition_fn=_partition,
-        decompositions=decomposition_table(),
+        decompositions=LazyTable(),
         keep_inference_input_mutations=True,
     )
     with whole_graph_cache.lookup_and_store(key_tag) if key_tag is not None else contextlib.nullcontext([]) as loaded:

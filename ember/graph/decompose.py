@@ -13,6 +13,7 @@ metadata came from, and returns the new graph (unchanged when no node needs deco
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
 
 import torch
@@ -94,6 +95,21 @@ def decomposition_table() -> dict:
         # a kept op's overloads that ember has no lowering for stay decomposed
         table.pop(op, None)
     return table
+
+
+class LazyTable(collections.abc.Mapping):
+    """decomposition_table(), built at its first use: AOTAutograd reads its decompositions only when it
+    traces, which a warm start loading the whole graph from its cache never does (building the table
+    imports and scans torch's decompositions)."""
+
+    def __getitem__(self, op):
+        return decomposition_table()[op]
+
+    def __iter__(self):
+        return iter(decomposition_table())
+
+    def __len__(self) -> int:
+        return len(decomposition_table())
 
 
 def needs_decomposition(gm: torch.fx.GraphModule) -> bool:

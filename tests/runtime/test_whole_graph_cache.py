@@ -70,6 +70,18 @@ def test_a_second_compile_loads_the_whole_graph_and_computes_the_same(cache):
     assert AOTAutogradCache._write_to_local_cache.__module__ == AOTAutogradCache.__module__
 
 
+def test_a_hit_does_not_build_the_decomposition_table(cache):
+    """AOTAutograd reads the decompositions only when it traces: a warm start loading the whole graph skips
+    building the table."""
+    from ember.graph.decompose import decomposition_table
+    _compiled_and_eager(torch.randn(12, 16))
+    torch._dynamo.reset()
+    decomposition_table.cache_clear()
+    got, want = _compiled_and_eager(torch.randn(12, 16))
+    assert_close(got, want)
+    assert metrics.whole_graph_hits == 1 and decomposition_table.cache_info().currsize == 0
+
+
 def test_inference_hits_keep_the_direct_call(cache):
     torch.manual_seed(0)
     model = Net().eval()
