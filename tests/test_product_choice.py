@@ -95,6 +95,13 @@ def test_probe_kernels_compute_gelu_with_the_kernels_erf():
     _check_probe(spec, lambda p, row: torch.erf(p + row))
 
 
+def test_probe_kernels_compute_tanh_gelus_spelling():
+    """Tanh-GELU's sketch is what its lowering generates: v / (1 + exp(-2v)) on the tile (the cost of the exp
+    and the division; the probe feeds it the product itself)."""
+    spec = ProductSpec("mm", ((17, 13), (13, 1)), ((13, 23), (23, 1)), None, torch.float32, 1.0, ("gelu_tanh",))
+    _check_probe(spec, lambda p: p / (1 + torch.exp(-2 * p)))
+
+
 def _check_probe(spec, epilogue=lambda p, *inputs: p):
     interpreted = DEVICE == "cpu"
     mod = product_choice.load_probes(product_choice.module_header(interpreted) +
