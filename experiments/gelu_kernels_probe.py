@@ -13,25 +13,14 @@ import sys
 
 import torch
 
-import ember  # noqa: F401 - registers the backend
+from ember.runtime.autotune import median_ms
 
 F = torch.nn.functional
 
 
 def bench_us(f, *args) -> float:
-    for _ in range(3):
-        f(*args)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(10):
-            f(*args)
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / 10)
-    return sorted(ts)[10] * 1e3
+    """us per call: the median of 20 samples of 10 back-to-back calls (ember's autotuning timer)."""
+    return median_ms(lambda: f(*args), samples=20) * 1e3
 
 
 def main() -> None:

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.runtime.autotune import median_ms
+
 F = torch.nn.functional
 
 # name: (M, N, K, epilogue), the anchor's cases
@@ -137,20 +139,9 @@ def persistent_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, M: tl.constexpr, N
         _epilogue(acc, rm, rn, c_ptr, bias_ptr, res_ptr, M, N, EPI)
 
 
-def bench_us(f, samples: int = 20, calls: int = 10) -> float:
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(samples):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            f()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / calls)
-    return sorted(ts)[samples // 2] * 1e3
+def bench_us(f) -> float:
+    """us per call: the median of 20 samples of 10 back-to-back calls (ember's autotuning timer)."""
+    return median_ms(f, samples=20) * 1e3
 
 
 def eager_fn(epi: str):
@@ -170,25 +161,21 @@ def eager_fn(epi: str):
 
 
 def variants(n_sms: int, k: int, epi: str):
-    """(label, kernel, grid function, constexprs) of every kernel tried on one case."""
+    """(label, kernel, grid kind, constexprs) of every kernel tried on one case: each tile one program per
+    tile and persistent (pointer loads, tensor descriptors); the first two tiles also with the tile loop
+    not flattened and warp-specialized."""
     out = []
-    for bm, bn, bk, warps, stages in TILES:
+    for i, (bm, bn, bk, warps, stages) in enumerate(TILES):
         if k % bk:
             continue
         base = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
         tag = f"{bm}x{bn}x{bk} w{warps} s{stages}"
-        out.append((f"tile {tag}", tile_kernel, "tiles", dict(base)))
-        for tma in (False, True):
-            p = dict(base, NUM_SMS=n_sms, TMA=tma, FLATTEN=True, WS=False)
-            out.append((f"persistent {'tma' if tma else 'ptr'} flat {tag}", persistent_kernel, "sms", p))
-    for bm, bn, bk, warps, stages in TILES[:2]:
-        base = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
-        out.append((f"persistent tma nested {bm}x{bn}x{bk} w{warps} s{stages}", persistent_kernel, "sms",
-                    dict(base, NUM_SMS=n_sms, TMA=True, FLATTEN=False, WS=False)))
-    for bm, bn, bk, warps, stages in TILES[:2]:
-        base = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
-        out.append((f"persistent tma ws {bm}x{bn}x{bk} w{warps} s{stages}", persistent_kernel, "sms",
-                    dict(base, NUM_SMS=n_sms, TMA=True, FLATTEN=False, WS=True)))
+        kinds = [("ptr flat", False, True, False), ("tma flat", True, True, False)]
+        if i < 2:
+            kinds += [("tma nested", True, False, False), ("tma ws", True, False, True)]
+        out.append((f"tile {tag}", tile_kernel, "tiles", base))
+        out += [(f"persistent {kind} {tag}", persistent_kernel, "sms",
+                 dict(base, NUM_SMS=n_sms, TMA=tma, FLATTEN=flat, WS=ws)) for kind, tma, flat, ws in kinds]
     return out
 
 

@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
 from ember.codegen.triton.spelling import module_header
+from ember.runtime.autotune import median_ms
 from ember.runtime.template_choice import max_programs, template_grid
 
 F = torch.nn.functional
@@ -36,18 +37,8 @@ def fn(x, w, b):
 
 
 def bench_us(f) -> float:
-    for _ in range(3):
-        f()
-    ts = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(10):
-            f()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / 10)
-    return sorted(ts)[10] * 1e3
+    """us per call: the median of 20 samples of 10 back-to-back calls (ember's autotuning timer)."""
+    return median_ms(f, samples=20) * 1e3
 
 
 def load(source: str, name: str):

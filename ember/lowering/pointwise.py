@@ -446,6 +446,24 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     return clamp(x, min_val, max_val)
 
 
+# tanh-GELU's argument u = k (v + c v^3)
+_GELU_K, _GELU_C = math.sqrt(2 / math.pi), 0.044715
+
+
+def _f32(c: float):
+    return ops.constant(c, torch.float32)
+
+
+def _gelu_cdf(v):
+    """Phi(v) = 0.5 (1 + erf(v / sqrt(2))), exact GELU's factor."""
+    return ops.mul(_f32(0.5), ops.add(_f32(1.0), ops.erf(ops.mul(v, _f32(math.sqrt(0.5))))))
+
+
+def _gelu_tanh_arg(v, v2, scale: float):
+    """scale * u for tanh-GELU (v2 = v * v)."""
+    return ops.mul(_f32(scale * _GELU_K), ops.add(v, ops.mul(_f32(_GELU_C), ops.mul(v2, v))))
+
+
 @lower(aten.gelu.default)
 def gelu(x, *, approximate="none"):
     if approximate == "tanh":
@@ -453,40 +471,35 @@ def gelu(x, *, approximate="none"):
         # which costs several times more where it runs at a GEMM epilogue's occupancy (docs/performance.md,
         # "GEMM epilogues"), and no cancellation in 1 + tanh(u) for negative v
         def fn(v):
-            c = ops.constant(-2 * math.sqrt(2 / math.pi), torch.float32)
-            minus_2u = ops.mul(c, ops.add(v, ops.mul(ops.constant(0.044715, torch.float32), ops.mul(v, ops.mul(v, v)))))
-            return ops.truediv(v, ops.add(ops.constant(1.0, torch.float32), ops.exp(minus_2u)))
+            minus_2u = _gelu_tanh_arg(v, ops.mul(v, v), -2.0)
+            return ops.truediv(v, ops.add(_f32(1.0), ops.exp(minus_2u)))
     else:
-        def fn(v):
-            half = ops.constant(0.5, torch.float32)
-            return ops.mul(ops.mul(half, v), ops.add(ops.constant(1.0, torch.float32),
-                                                     ops.erf(ops.mul(v, ops.constant(0.7071067811865476, torch.float32)))))
+        def fn(v):          # v Phi(v); scaling by 0.5 is exact, so this is 0.5 v (1 + erf(v / sqrt(2)))
+            return ops.mul(v, _gelu_cdf(v))
     return pointwise(fn, x, kind=KIND.INT_TO_FLOAT)
 
 
 @lower(aten.gelu_backward.default)
 def gelu_backward(grad, x, *, approximate="none"):
-    f32 = lambda c: ops.constant(c, torch.float32)  # noqa: E731
+    f32 = _f32      # noqa: N806 - short in the formulas below
     if approximate == "tanh":
         # gelu(v) = v s with s = sigmoid(2u), u = k (v + c v^3): the gradient is g (s + 2 v u' s (1 - s)),
         # u' = k (1 + 3 c v^2). With q = exp(-2|u|) (never overflows) and r = 1 / (1 + q): s is r or q r by
         # the sign of u, and s (1 - s) = q r^2 either way, free of the cancellation in torch's 1 - tanh(u)^2
         def fn(g, v):
-            k, c = math.sqrt(2 / math.pi), 0.044715
             v2 = ops.mul(v, v)
-            u = ops.mul(f32(k), ops.add(v, ops.mul(f32(c), ops.mul(v2, v))))
+            u = _gelu_tanh_arg(v, v2, 1.0)
             q = ops.exp(ops.mul(f32(-2.0), ops.abs(u)))
             r = ops.truediv(f32(1.0), ops.add(f32(1.0), q))
             s = ops.where(ops.ge(u, f32(0.0)), r, ops.mul(q, r))
-            du = ops.mul(f32(k), ops.add(f32(1.0), ops.mul(f32(3 * c), v2)))
+            du = ops.mul(f32(_GELU_K), ops.add(f32(1.0), ops.mul(f32(3 * _GELU_C), v2)))
             slope = ops.mul(ops.mul(f32(2.0), ops.mul(v, du)), ops.mul(q, ops.mul(r, r)))
             return ops.mul(g, ops.add(s, slope))
     else:
         # d/dv [v Phi(v)] = Phi(v) + v phi(v)
         def fn(g, v):
-            cdf = ops.mul(f32(0.5), ops.add(f32(1.0), ops.erf(ops.mul(v, f32(math.sqrt(0.5))))))
             pdf = ops.mul(f32(1 / math.sqrt(2 * math.pi)), ops.exp(ops.mul(f32(-0.5), ops.mul(v, v))))
-            return ops.mul(g, ops.add(cdf, ops.mul(v, pdf)))
+            return ops.mul(g, ops.add(_gelu_cdf(v), ops.mul(v, pdf)))
     return pointwise(fn, grad, x, kind=KIND.INT_TO_FLOAT)
 
 
