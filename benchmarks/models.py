@@ -106,25 +106,29 @@ def build(name: str, small: bool):
     raise KeyError(f"unknown model {name!r} (known: {', '.join(MODELS)})")
 
 
-def make_inputs(name: str, mode: str, small: bool, n_out: int, device: str) -> dict:
+def make_inputs(name: str, mode: str, small: bool, n_out: int, device: str, batch: int | None = None) -> dict:
+    """One step's inputs; `batch` overrides the batch size (the model anchor runs 64 images, 16 x 512 BERT
+    tokens, 8 x 1024 GPT-2 and Llama tokens)."""
     g = torch.Generator().manual_seed(0)
     if name in IMAGE_MODELS or name == "mlp":
         b, hw = (2, 64) if small else (32 if mode == "infer" else 16, 224)
+        b = batch or b
         x = torch.randn(b, MLP_FEATURES, generator=g) if name == "mlp" else torch.randn(b, 3, hw, hw, generator=g)
         inp = {"x": x.to(bf16) if mode == "infer" else x, "target": torch.randint(0, n_out, (b,), generator=g)}
     else:
         b, s = (2, 32) if small else (8 if mode == "infer" else 4, 512)
+        b = batch or b
         inp = {"input_ids": torch.randint(0, n_out, (b, s), generator=g)}
     return {k: v.to(device) for k, v in inp.items()}
 
 
-def model_and_inputs(name: str, mode: str, device: str = "cuda", small: bool = False):
+def model_and_inputs(name: str, mode: str, device: str = "cuda", small: bool = False, batch: int | None = None):
     """(model, inputs) of one benchmark step, as scripts/profile_model.py builds it: bf16 weights for inference,
     float32 (trained under bf16 autocast) for training."""
     torch.manual_seed(0)
     m0, n_out = build(name, small)
     model = m0.to(device=device, dtype=bf16 if mode == "infer" else torch.float32).train(mode == "train")
-    return model, make_inputs(name, mode, small, n_out, device)
+    return model, make_inputs(name, mode, small, n_out, device, batch)
 
 
 def warm_step(model, inp: dict, mode: str, backend: str, device: str = "cuda"):

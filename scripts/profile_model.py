@@ -1,6 +1,6 @@
 """One step of a benchmark model (benchmarks/models.py), profiled per backend. Run from the repository root:
 
-    python -m scripts.profile_model MODEL MODE [BACKENDS] [--view kernels|host|gaps] [--steps N] [--top N]
+    python -m scripts.profile_model MODEL MODE [BACKENDS] [--view kernels|host|gaps] [--steps N] [--top N] [--batch B]
     python -m scripts.profile_model mlp train eager,ember --small --device cpu --view host     # a CPU smoke run
 
 MODEL is one of benchmarks.models.MODELS (or `mlp`), MODE `infer` or `train`, BACKENDS a comma list of
@@ -112,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=22)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="the tiny configs of the CPU smoke runs")
+    ap.add_argument("--batch", type=int, help="batch size (default: benchmarks/models.py's; the model anchor "
+                    "runs 64 images)")
     a = ap.parse_args(argv)
-    model, inp = M.model_and_inputs(a.model, a.mode, a.device, a.small)
+    model, inp = M.model_and_inputs(a.model, a.mode, a.device, a.small, a.batch)
     for backend in a.backends.split(","):
         step = M.warm_step(model, inp, a.mode, backend, a.device)
         print(f"=== {a.model} {a.mode} {backend}, {a.view}, {a.steps} steps", flush=True)
