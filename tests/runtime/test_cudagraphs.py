@@ -132,6 +132,25 @@ def test_copied_input_written_by_the_graph_is_written_back():
         torch.testing.assert_close(s, ref.sum())
 
 
+def test_several_moving_inputs_of_several_dtypes_are_copied_in_and_written_back():
+    # the copies of one replay go out together, one multi-tensor copy per dtype
+    def step(cache, half_cache, x, y, z):
+        cache.add_(x)
+        half_cache.mul_(2)
+        return (cache * y.float() + z, half_cache.float().sum())
+    r = _runner(step, mutated=frozenset({0, 1}))
+    for i in range(5):
+        cache, half_cache = torch.randn(6), torch.randn(6, dtype=torch.bfloat16)    # every input moves
+        x, y, z = torch.randn(6), torch.randn(6, dtype=torch.bfloat16), torch.randn(6)
+        ref, half_ref = cache + x, half_cache * 2
+        out, total = r([cache, half_cache, x, y, z])
+        torch.testing.assert_close(cache, ref)
+        torch.testing.assert_close(half_cache, half_ref)
+        torch.testing.assert_close(out, ref * y.float() + z)
+        torch.testing.assert_close(total, half_ref.float().sum())
+    assert set(r.sizes[()].recording.buffers) == {0, 1, 2, 3, 4}
+
+
 def test_static_input_that_moves_is_recorded_again():
     r = _runner(lambda x, w: (x @ w,), static_inputs=[1])
     x = torch.randn(3, 4)
