@@ -604,20 +604,69 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
     assert (aten.mm.default in seen) == (not returned)
 
 
+@pytest.fixture
+def exact_float32_convolutions():
+    """cuDNN runs float32 convolutions in TF32 by default, rounded differently per algorithm and layout."""
+    c = torch.backends.cudnn
+    with c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=False):
+        yield
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["as_traced", "channels_last"])
+@pytest.mark.usefixtures("exact_float32_convolutions")
 def test_a_convolution_bias_is_added_by_the_next_kernel(device, monkeypatch, channels_last):
-    """conv2d(x, w, b) then GELU: the convolution runs without its bias and the GELU's kernel adds it;
-    outputs and the gradients of input, weight and bias match eager's."""
+    """conv2d(x, w, b) then GELU: the convolution runs without its bias and the GELU's kernel adds it; the
+    backward's convolution computes no bias gradient, ember's kernels sum it; outputs and the gradients of
+    input, weight and bias match eager's."""
     monkeypatch.setattr(backend_for(device), "adds_convolution_bias_in_epilogue", True)
-    seen = []
+    seen, masks = [], []
 
     def record(gm):
         seen.extend(n.args[2] for n in gm.graph.nodes if n.target is aten.convolution.default)
+        masks.extend(n.args[10] for n in gm.graph.nodes if n.target is aten.convolution_backward.default)
     x, w, b = (torch.randn(2, 8, 9, 9, device=device), torch.randn(16, 8, 3, 3, device=device),
                torch.randn(16, device=device))
     with ember.config.patch(post_grad_passes=[record], conv_layout="channels_last" if channels_last else "as_traced"):
         check(lambda x, w, b: F.gelu(F.conv2d(x, w, b, padding=1)), x, w, b, grad=True, rtol=1e-4, atol=1e-4)
     assert seen and all(bias is None for bias in seen)
+    assert masks and all(list(m) == [True, True, False] for m in masks)
+
+
+@pytest.mark.parametrize("needs", [(True, True), (False, True), (False, False)], ids=["x_w", "w", "none"])
+@pytest.mark.usefixtures("exact_float32_convolutions")
+def test_a_convolution_bias_gradient_is_summed_by_ember(device, monkeypatch, needs):
+    """Where only some of a convolution's operands need gradients (a frozen input, a frozen weight) the
+    backward keeps what is asked for and sums the bias gradient itself. In bf16, eager rounds the incoming
+    gradient after each op and ember once, so both are compared with float32 eager: ember's error within
+    twice eager's."""
+    monkeypatch.setattr(backend_for(device), "adds_convolution_bias_in_epilogue", True)
+    masks = []
+
+    def record(gm):
+        masks.extend(list(n.args[10]) for n in gm.graph.nodes if n.target is aten.convolution_backward.default)
+    from ember.testing import assert_close, fresh_compile
+
+    def fn(x, w, b):
+        return (F.conv2d(x, w, b, stride=2) * 1.5).sin()
+
+    def run(f, inputs, g):
+        args = [t.clone().requires_grad_(r) for t, r in zip(inputs, needs + (True,))]
+        out = f(*args)
+        out.backward(g)
+        return [out] + [t.grad for t in args if t.requires_grad]
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = (torch.randn(2, 6, 7, 7, device=device, dtype=dtype), torch.randn(10, 6, 3, 3, device=device,
+                  dtype=dtype), torch.randn(10, device=device, dtype=dtype))
+        g = torch.randn(2, 10, 3, 3, device=device, dtype=dtype)
+        with ember.config.patch(post_grad_passes=[record]):
+            ours, eager = run(fresh_compile(fn), inputs, g), run(fn, inputs, g)
+        if dtype == torch.float32:
+            assert_close(ours, eager, 1e-4, 1e-4)
+            continue
+        exact = run(fn, [t.float() for t in inputs], g.float())
+        for a, e, x in zip(ours, eager, exact):
+            assert (a.float() - x).abs().max() <= 2 * (e.float() - x).abs().max() + 1e-2
+    assert len(masks) == 2 and all(m == [needs[0], needs[1], False] for m in masks) if any(needs) else not masks
 
 
 def test_float32_matmuls_keep_their_sizes(device, monkeypatch):
