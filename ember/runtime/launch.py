@@ -16,10 +16,19 @@ by 16 and width; keying on the value is stricter), the grid's rank and the launc
 warps). A launch hook (a profiler such as proton) or an unknown calling convention sends every launch
 through the JIT, as a first call does. A hook counts as set only when it would run something: Triton >= 3.4 keeps an
 empty HookChain where older versions keep None (`_hook_test`).
+
+A generated wrapper calls each kernel from a call site of its own (`call_site`): one function per line of
+the wrapper, `site(grid, *args)`, generated at its first call for that line's arguments and meta. Its key is
+shorter: the wrapper fixes each argument's dtype when it is compiled (Dynamo guards its inputs' dtypes, and
+its own buffers have the dtypes it planned, as in inductor's launchers), so the key is the device, whether
+any pointer is misaligned (and then each pointer's misalignment) and the other arguments. Each pointer is
+read once and passed to the launch function as an integer. Six tensors and two integers cost 1.5 us of
+Python through a call site against 3.3 through `launcher[grid](...)` on the CPU box (`python -m
+experiments.launch_probe --cpu`).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -73,24 +82,75 @@ def _hot_path(launcher: "Launcher", n_args: int, tensor_pos) -> Callable:
     itself, the grid's rank, the meta) and the launch function remembered for it. One frame a launch: a
     Python genexpr for the key, or a key function and a hook probe of their own, would each add frames of
     host time to every launch (docs/performance.md, "Host time per call")."""
-    parts = []
+    parts, passed = [], []
     for i in range(n_args):
-        parts += [f"a[{i}].dtype", f"not a[{i}].data_ptr() & 15"] if i in tensor_pos else [f"a[{i}]"]
-    rt = _knobs_runtime()
-    device, stream = _device_and_stream()
-    scope = {"rt": rt, "E": getattr(rt, "launch_enter_hook", None), "X": getattr(rt, "launch_exit_hook", None),
-             "device": device, "stream": stream, "fast": launcher.fast, "jit": launcher.jit_launch,
-             "miss": launcher.first_launch}
+        parts += [f"a[{i}].dtype", f"not p{i} & 15"] if i in tensor_pos else [f"a[{i}]"]
+        passed.append(f"p{i}" if i in tensor_pos else f"a[{i}]")
+    pointers = "".join(f"    p{i} = a[{i}].data_ptr()\n" for i in sorted(tensor_pos))
+    scope = _scope(launcher.fast, launcher.jit_launch, launcher.first_launch)
     exec(f"def launch(grid, a, meta):\n"
-         f"    if len(a) != {n_args} or {_hook_test(rt)}:\n"
+         f"    if len(a) != {n_args} or {scope['hooks']}:\n"
          f"        return jit(grid, a, meta)\n"
          f"    d = device()\n"
+         f"{pointers}"
          f"    key = (d, len(grid), {''.join(p + ', ' for p in parts)}*meta.values())\n"
          f"    go = fast.get(key)\n"
          f"    if go is None:\n"
          f"        return miss(key, grid, a, meta)\n"
-         f"    go(grid, stream(d), a)\n", scope)
+         f"    go(grid, stream(d), ({''.join(p + ', ' for p in passed)}))\n", scope)
     return scope["launch"]
+
+
+def _scope(fast: dict, jit: Callable, miss: Callable) -> dict:
+    """What a generated launch path refers to: the launch functions by key, the JIT and miss paths, the
+    device and stream getters, Triton's runtime knobs and its hooks now (`hooks`: the test of them)."""
+    rt = _knobs_runtime()
+    device, stream = _device_and_stream()
+    return {"rt": rt, "E": getattr(rt, "launch_enter_hook", None), "X": getattr(rt, "launch_exit_hook", None),
+            "device": device, "stream": stream, "fast": fast, "jit": jit, "miss": miss, "hooks": _hook_test(rt)}
+
+
+def _site_path(launcher: "Launcher", n_args: int, tensor_pos, meta: dict) -> Callable:
+    """site(grid, a0, ...) for one wrapper line (module docstring): the key is the device, 0 when every
+    pointer is 16-byte aligned (else each pointer's low bits) and the arguments that are not tensors."""
+    fast: dict = {}
+    names = [f"a{i}" for i in range(n_args)]
+    ptrs = [f"p{i}" for i in sorted(tensor_pos)]
+    others = [f"a{i}" for i in range(n_args) if i not in tensor_pos]
+    passed = [f"p{i}" if i in tensor_pos else f"a{i}" for i in range(n_args)]
+    misaligned = f"({' | '.join(ptrs)}) & 15 and ({''.join(p + ' & 15, ' for p in ptrs)})" if ptrs else "0"
+    args = f"({''.join(n + ', ' for n in names)})"
+
+    def miss(key, grid, args):
+        kernel = launcher.fn[grid](*args, **meta)
+        go = launcher.bound(kernel, len(args), len(grid), meta) if len(fast) < _MAX_SPECIALIZATIONS else None
+        if go is not None:
+            fast[key] = go
+        return kernel
+
+    scope = _scope(fast, launcher.jit_launch, miss)
+    scope["meta"] = meta
+    exec(f"def site(grid, {', '.join(names)}):\n"
+         f"    if {scope['hooks']}:\n"
+         f"        return jit(grid, {args}, meta)\n"
+         f"    d = device()\n"
+         f"{''.join(f'    {p} = a{p[1:]}.data_ptr()' + chr(10) for p in ptrs)}"
+         f"    key = (d, {misaligned}, {''.join(o + ', ' for o in others)})\n"
+         f"    go = fast.get(key)\n"
+         f"    if go is None:\n"
+         f"        return miss(key, grid, {args})\n"
+         f"    go(grid, stream(d), ({''.join(p + ', ' for p in passed)}))\n", scope)
+    return scope["site"]
+
+
+def call_site(kernel, meta: dict, rebind: Callable[[Callable], None]) -> Callable:
+    """`site(grid, *args)` launching `kernel` with `meta` for one line of a generated wrapper: a kernel's own
+    `site(meta, rebind)` where it has one (ember's Launcher, the C++ launcher), else `kernel[grid](*args,
+    **meta)`. `rebind(fn)` puts a site's generated function where the wrapper looks it up."""
+    site = getattr(kernel, "site", None)
+    if callable(site):
+        return site(meta, rebind)
+    return lambda grid, *args: kernel[grid](*args, **meta)
 
 
 class Launcher:
@@ -112,6 +172,15 @@ class Launcher:
         self.launch = _hot_path(self, len(args), tensors)
         return self.launch(grid, args, meta)
 
+    def site(self, meta: dict, rebind: Callable[[Callable], None]) -> Callable:
+        """A wrapper line's launch function (`call_site`), generated at its first call for the arguments it
+        is called with, then put in the wrapper's place by `rebind`."""
+        def first(grid, *args):
+            fn = _site_path(self, len(args), {i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}, meta)
+            rebind(fn)
+            return fn(grid, *args)
+        return first
+
     def jit_launch(self, grid, args, meta):
         return self.fn[grid](*args, **meta)
 
@@ -124,18 +193,29 @@ class Launcher:
         kernel = self.fn[grid](*args, **meta)
         if len(self.fast) >= _MAX_SPECIALIZATIONS or kernel is None:
             return kernel
-        rest = self._names[len(args):]
+        go = self.bound(kernel, len(args), len(grid), meta)
+        if go is None:
+            self.launch = self.jit_launch
+            return kernel
+        self.fast[key] = go
+        return kernel
+
+    def bound(self, kernel, n_args: int, grid_rank: int, meta: dict) -> Optional[Callable]:
+        """go(grid, stream, args) launching the compiled `kernel` again, `args` with integer pointers in place
+        of tensors; None when the call cannot be replayed exactly: a parameter after the positional ones that
+        is not a constexpr given in meta, or a kernel without the launcher attributes of Triton >= 3.0. Torch's
+        C launcher where it takes the kernel, else the compiled kernel's own launcher."""
+        rest = self._names[n_args:]
         run = getattr(kernel, "run", None)
         function = getattr(kernel, "function", None)
         packed = getattr(kernel, "packed_metadata", None)
-        if any(n not in self._constexpr or n not in meta for n in rest) or None in (run, function, packed):
-            self.launch = self.jit_launch
-            return kernel
-        go = static_launch(kernel, len(args), len(grid)) if config.static_launch else None
+        if kernel is None or any(n not in self._constexpr or n not in meta for n in rest) \
+                or None in (run, function, packed):
+            return None
+        go = static_launch(kernel, n_args, grid_rank) if config.static_launch else None
         if go is None:
-            tail, pad = tuple(meta[n] for n in rest), (1,) * (3 - len(grid))
+            tail, pad = tuple(meta[n] for n in rest), (1,) * (3 - grid_rank)
 
             def go(grid, stream, args):
                 run(*grid, *pad, stream, function, packed, None, None, None, *args, *tail)
-        self.fast[key] = go
-        return kernel
+        return go

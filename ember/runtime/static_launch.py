@@ -13,8 +13,8 @@ its dynamic shared memory already raised where the kernel needs it); nothing is 
 
 The compiled function's parameters are the call's arguments minus the constexprs and the arguments
 Triton specialised into constants (an integer equal to 1), plus a pointer per scratch area the Triton
-version declares (global, profile: null, as Triton passes them when the size is 0). Pointers are passed
-as integers (`data_ptr()`), so the C side does not query the driver about them. A kernel whose launch
+version declares (global, profile: null, as Triton passes them when the size is 0). Pointers come as
+integers (the caller read each `data_ptr()` once), so the C side does not query the driver about them. A kernel whose launch
 needs more than this (scratch memory, several CTAs per program, cooperative or PDL launches, tensor
 descriptors, a parameter type without a C code here) gets None, and launches through Triton as before.
 """
@@ -79,7 +79,7 @@ def parameter_layout(src, n_args: int) -> Optional[tuple[list[int], str]]:
 def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
     """go(grid, stream, args) launching `kernel` (a Triton CompiledKernel) over a grid of grid_rank dims
     through torch's C launcher, generated once (one frame a launch), or None where it cannot (see the
-    module docstring)."""
+    module docstring). `args` holds each tensor's data pointer (an int) in its place."""
     launch = c_launcher()
     if launch is None or _unsupported(kernel) is not None:
         return None
@@ -89,7 +89,7 @@ def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
     keep, codes = layout
     # a Triton that declares a scratch area's size also gives the function a pointer parameter for it
     n_scratch = sum(hasattr(kernel.metadata, s) for s in ("global_scratch_size", "profile_scratch_size"))
-    params = [f"a[{i}].data_ptr()" if c == "O" else f"a[{i}]" for i, c in zip(keep, codes)] + ["None"] * n_scratch
+    params = [f"a[{i}]" for i in keep] + ["None"] * n_scratch
     grid = [f"grid[{d}]" if d < grid_rank else "1" for d in range(3)]
     scope = {"launch": launch, "function": kernel.function, "warps": _meta(kernel, "num_warps"),
              "shared": _meta(kernel, "shared"), "codes": codes + "O" * n_scratch}

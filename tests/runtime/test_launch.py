@@ -55,7 +55,9 @@ def test_second_launch_goes_through_the_compiled_launcher(launcher):
     L[(4, 2)](x, y, 64, XBLOCK=16, num_warps=4)
     assert [e[0] for e in fn.log] == ["jit", "fast"]
     # grid, stream, handle, packed metadata, no launch metadata or hooks, then every parameter in order
-    assert fn.log[1][1] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, x, y, 64, 16)
+    # (tensors as their data pointers)
+    assert fn.log[1][1] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, x.data_ptr(), y.data_ptr(),
+                            64, 16)
 
 
 def test_anything_that_picks_another_binary_goes_through_the_jit(launcher):
@@ -123,4 +125,60 @@ def test_a_kernel_the_c_launcher_takes_is_launched_through_it(launcher, monkeypa
     for _ in range(2):
         L[(4, 2)](x, y, 64, XBLOCK=16)
     assert [e[0] for e in fn.log] == ["jit"]
-    assert gone == [((4, 2), 1234, (x, y, 64))]
+    assert gone == [((4, 2), 1234, (x.data_ptr(), y.data_ptr(), 64))]
+
+
+# -- call sites: one per wrapper line, keyed without dtypes --------------------------------------------------
+
+def _site(L, meta):
+    bound = {}
+    first = launch_mod.call_site(L, meta, lambda fn: bound.__setitem__("fn", fn))
+    return lambda grid, *args: bound.get("fn", first)(grid, *args)
+
+
+def test_a_call_site_launches_through_the_compiled_launcher_after_its_first_call(launcher):
+    fn, L = launcher
+    site = _site(L, {"XBLOCK": 16, "num_warps": 4})
+    x, y = torch.randn(64), torch.empty(64)
+    site((3, 2), x, y, 64)
+    site((4, 2), x, y, 64)
+    assert [e[0] for e in fn.log] == ["jit", "fast"]
+    assert fn.log[0][2:] == ((x, y, 64), {"XBLOCK": 16, "num_warps": 4})
+    assert fn.log[1][1] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, x.data_ptr(), y.data_ptr(),
+                            64, 16)
+
+
+def test_a_call_site_keys_on_each_misaligned_pointer_and_every_other_argument(launcher):
+    fn, L = launcher
+    site = _site(L, {"XBLOCK": 16})
+    x, y = torch.randn(72), torch.empty(72)
+    site((4,), x[:64], y[:64], 64)
+    site((4,), x[2:66], y[:64], 64)          # x misaligned
+    site((4,), x[:64], y[2:66], 64)          # y misaligned by as much: another binary
+    site((4,), x[:64], y[:64], 48)           # another size
+    assert [e[0] for e in fn.log] == ["jit"] * 4
+    site((4,), x[1:65], y[:64], 64)          # misaligned by another amount: keyed apart (a JIT launch)
+    site((4,), x[2:66], y[:64], 64)
+    site((4,), x[:64], y[:64], 48)
+    site((4,), x[:64], y[:64], 64)
+    assert [e[0] for e in fn.log] == ["jit"] * 5 + ["fast"] * 3
+
+
+def test_a_call_site_honours_launch_hooks(monkeypatch):
+    rt = types.SimpleNamespace(launch_enter_hook=HookChain([print]), launch_exit_hook=HookChain())
+    monkeypatch.setattr(launch_mod, "_device_and_stream", lambda: (lambda: 0, lambda device: 1234))
+    monkeypatch.setattr(launch_mod, "_knobs_runtime", lambda: rt)
+    fn = FakeJIT()
+    site = _site(Launcher(fn), {"XBLOCK": 16})
+    x, y = torch.randn(64), torch.empty(64)
+    for _ in range(2):
+        site((4,), x, y, 64)
+    assert [e[0] for e in fn.log] == ["jit", "jit"]
+
+
+def test_a_kernel_without_a_site_is_called_as_triton_kernels_are():
+    fn = FakeJIT()
+    site = launch_mod.call_site(fn, {"XBLOCK": 16}, lambda f: None)
+    x, y = torch.randn(64), torch.empty(64)
+    site((4,), x, y, 64)
+    assert fn.log == [("jit", (4,), (x, y, 64), {"XBLOCK": 16})]

@@ -35,12 +35,12 @@ def test_the_c_launcher_gets_integer_pointers_and_a_null_per_scratch_area(monkey
     monkeypatch.setattr(sl, "c_launcher", lambda: lambda *a: calls.append(a))
     go = sl.static_launch(fake_kernel(SIGNATURE), 4, 2)
     x, y = torch.randn(8).bfloat16(), torch.empty(8)
-    go((3, 2), 77, (x, y, 8, 5))
+    go((3, 2), 77, (x.data_ptr(), y.data_ptr(), 8, 5))
     assert calls == [(0xF00, 3, 2, 1, 4, 96, "OOilOO", (x.data_ptr(), y.data_ptr(), 8, 5, None, None), 77)]
     # a Triton that declares no scratch areas gives the function no scratch parameters
     old = fake_kernel(SIGNATURE)
     del old.metadata.global_scratch_size, old.metadata.profile_scratch_size
-    sl.static_launch(old, 4, 1)((1,), 0, (x, y, 8, 5))
+    sl.static_launch(old, 4, 1)((1,), 0, (x.data_ptr(), y.data_ptr(), 8, 5))
     assert calls[-1][1:4] == (1, 1, 1) and calls[-1][6:8] == ("OOil", (x.data_ptr(), y.data_ptr(), 8, 5))
 
 

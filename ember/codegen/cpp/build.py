@@ -20,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 import threading
+from typing import Callable
 
 import torch
 
@@ -265,20 +266,24 @@ class CppLauncher:
         fn.argtypes = [ctypes.c_void_p] * nptr + [ctypes.c_int64] * nint + [ctypes.c_int]
         fn.restype = ctypes.c_int
         self.name, self.lib, self.fn = name, lib, fn
-        self.launch = self._specialize(nptr, nint)
+        self.launch = self._specialize(nptr, nint, "launch", [], ["**meta"])
+        self._site = self._specialize(nptr, nint, "site", ["grid"], [])
 
-    def _specialize(self, nptr: int, nint: int):
+    def _specialize(self, nptr: int, nint: int, name: str, before: list, after: list):
         # a generated function with one parameter per argument: no per-call list or slicing
         ptrs = [f"p{i}" for i in range(nptr)]
         ints = [f"n{i}" for i in range(nint)]
-        params = ", ".join(ptrs + ints + ["**meta"])
         call = ", ".join([f"{p}.data_ptr()" for p in ptrs] + ints + ["threads()"])
-        src = (f"def launch({params}):\n"
+        src = (f"def {name}({', '.join(before + ptrs + ints + after)}):\n"
                f"    if fn({call}):\n"
                f"        raise IndexError('ember: an index is out of range in kernel {self.name}')\n")
         scope = {"fn": self.fn, "threads": torch.get_num_threads}
         exec(compile(src, f"<ember launcher {self.name}>", "exec"), scope)
-        return scope["launch"]
+        return scope[name]
+
+    def site(self, meta: dict, rebind) -> Callable:
+        """A wrapper line's launch function, `site(grid, *args)` (runtime/launch.py, `call_site`)."""
+        return self._site
 
     def __getitem__(self, grid):
         return self.launch

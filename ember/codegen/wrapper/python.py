@@ -1,6 +1,7 @@
 """Wrapper IR -> Python source of `def call(args)`, loaded with its kernels and constants as globals."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import sympy
@@ -8,6 +9,7 @@ import torch
 
 from ... import config
 from ...runtime.checks import check_finite, check_layout, conform_layout, debug_sync
+from ...runtime.launch import call_site
 from ...runtime.loader import load_module
 from ...runtime.ranges import profile_range
 from ...runtime.tensors import fast_empty_strided, reinterpret
@@ -25,6 +27,7 @@ class PythonWrapper:
                                         "conform_layout": conform_layout, "debug_sync": debug_sync,
                                         "check_finite": check_finite, "profile_range": profile_range}
         self._ids: dict[int, str] = {}
+        self.sites: dict[str, tuple] = {}       # global name of a kernel's call site -> (kernel name, meta)
         # buffers on the device the program runs with as current, and on the CPU, are allocated by torch's
         # C allocator entry (runtime/tensors.py): no device argument to parse
         self._fast_alloc = {"cpu"}
@@ -114,14 +117,16 @@ class PythonWrapper:
         if isinstance(ln, DefineKernel):
             return []
         if isinstance(ln, CallKernel):
-            meta = ", ".join(f"{k}={v(x)}" for k, x in ln.meta.items())
             args = ", ".join(v(a) for a in ln.args)
             if ln.grid is None:
                 return [f"{ln.name}.run({args})"]
-            return [f"{ln.name}[{v(tuple(ln.grid))}]({args}, {meta})"]
+            # each line calls a site of its own, bound when the kernels are loaded (runtime/launch.py)
+            site = f"{ln.name}_site{len(self.sites)}"
+            self.sites[site] = (ln.name, dict(ln.meta))
+            meta = ", ".join(f"{k}={v(x)}" for k, x in ln.meta.items())
+            return [f"{site}({v(tuple(ln.grid))}, {args})" + (f"  # {meta}" if meta else "")]
         if isinstance(ln, CallExtern):
-            # an OpOverload's __call__ is one Python frame around its C entry: call the entry
-            target = ln.op._op if isinstance(ln.op, torch._ops.OpOverload) else ln.op
+            target = c_entry(ln.op) if isinstance(ln.op, torch._ops.OpOverload) else ln.op
             op = self.const(target, f"aten_{ln.op.__name__}" if hasattr(ln.op, "__name__") else "op")
             args = [v(a) for a in ln.args] + [f"{k}={v(x)}" for k, x in ln.kwargs.items()]
             call = f"{op}({', '.join(args)})"
@@ -141,11 +146,29 @@ class PythonWrapper:
         raise TypeError(f"no Python rendering for {type(ln).__name__}")
 
 
+def c_entry(op: torch._ops.OpOverload):
+    """The C function a wrapper calls for `op`. An OpOverload's __call__ is one Python frame around its boxed
+    C entry (`op._op`), which converts every argument by the schema: `aten.convolution` costs 7-8 us a call
+    on the CPU box where torch's own binding (`torch.convolution`, the argument parser's C++ path) costs 3.7.
+    That binding is taken where the op has no overload it could resolve to instead of `op` (its only others
+    are `out=` variants)."""
+    packet = getattr(torch.ops.aten, op._opname, None) if op.namespace == "aten" else None
+    binding = getattr(torch._C._VariableFunctions, op._opname, None)
+    if op._overloadname == "default" and packet is not None and binding is not None and \
+            all(o == "default" or o == "out" or o.endswith("_out") for o in packet.overloads()):
+        return binding
+    return op._op
+
+
 def compile_python(program: WrapperProgram):
     """-> (callable taking a list of args, its source)."""
     w = PythonWrapper(program)
     source = w.render()
-    w.globals.update(program.load_kernels())
+    kernels = program.load_kernels()
+    w.globals.update(kernels)
     w.globals.update(program.constants)
     mod = load_module(source, "ember_wrapper", w.globals)
+    scope = mod.__dict__          # where `call` looks its globals up
+    for site, (kernel, meta) in w.sites.items():
+        scope[site] = call_site(kernels[kernel], meta, functools.partial(scope.__setitem__, site))
     return mod.call, source
