@@ -14,13 +14,14 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks import models as M
 
 
-def host_ms(step, n: int) -> float:
-    torch.cuda.synchronize()
+def host_ms(step, n: int, device: str = "cuda") -> float:
+    """Host ms per step over n back-to-back steps, started and ended on an idle device."""
+    M.sync(device)
     t = time.perf_counter()
     for _ in range(n):
         step()
     host = (time.perf_counter() - t) * 1e3 / n
-    torch.cuda.synchronize()
+    M.sync(device)
     return host
 
 

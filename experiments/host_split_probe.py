@@ -7,26 +7,12 @@ step (back-to-back steps, no sync; best of interleaved rounds) for each, then in
 differences are what each part costs. The patched steps compute nothing: only their host time means
 anything."""
 import argparse
+import functools
 import gc
-import time
 import types
 
-import torch
-
 from benchmarks import models as M
-
-
-DEVICE = "cuda"
-
-
-def host_ms(step, n=20) -> float:
-    M.sync(DEVICE)
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    host = (time.perf_counter() - t) * 1e3 / n
-    M.sync(DEVICE)
-    return host
+from experiments.host_ops_probe import host_ms as host_ms_on
 
 
 def wrapper_globals() -> list:
@@ -49,8 +35,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (--small models)")
     a = ap.parse_args()
-    global DEVICE
-    DEVICE = a.device
+    host_ms = functools.partial(host_ms_on, n=20, device=a.device)
     model, inp = M.model_and_inputs(a.model, a.mode, a.device, a.device == "cpu", a.batch)
     step = M.warm_step(model, inp, a.mode, "ember", a.device)
     scopes = wrapper_globals()

@@ -148,14 +148,13 @@ class PythonWrapper:
 
 def c_entry(op: torch._ops.OpOverload):
     """The C function a wrapper calls for `op`. An OpOverload's __call__ is one Python frame around its boxed
-    C entry (`op._op`), which converts every argument by the schema: `aten.convolution` costs 7-8 us a call
-    on the CPU box where torch's own binding (`torch.convolution`, the argument parser's C++ path) costs 3.7.
-    That binding is taken where the op has no overload it could resolve to instead of `op` (its only others
-    are `out=` variants)."""
-    packet = getattr(torch.ops.aten, op._opname, None) if op.namespace == "aten" else None
-    binding = getattr(torch._C._VariableFunctions, op._opname, None)
-    if op._overloadname == "default" and packet is not None and binding is not None and \
-            all(o == "default" or o == "out" or o.endswith("_out") for o in packet.overloads()):
+    C entry (`op._op`), which converts every argument by the schema: a convolution costs more than twice as
+    much that way as through torch's own binding (`torch.convolution`, the argument parser's C++ path;
+    `python -m experiments.extern_call_probe`). The binding is taken where the op has no overload it could
+    resolve to instead of `op` (its only others are `out=` variants)."""
+    binding = getattr(torch._C._VariableFunctions, op._opname, None) if op.namespace == "aten" else None
+    if op._overloadname == "default" and binding is not None and \
+            all(o == "default" or o == "out" or o.endswith("_out") for o in op.overloadpacket.overloads()):
         return binding
     return op._op
 
