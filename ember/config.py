@@ -80,8 +80,10 @@ class Config:
     # into the tile before it is stored (codegen/triton/gemm_template.py): "auto" where the backend's timing,
     # when the graph is compiled, finds the template (with its epilogue) faster than the library call plus a
     # separate epilogue kernel (codegen/triton/product_choice.py; `torch.compile(mode="max-autotune")` sets
-    # it), "always" for every supported product (tests), "never" (library calls only; the default mode).
-    gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "never"))
+    # it), "matvec" (the default mode) only where the backend knows the template faster without timing
+    # (row-vector products on a GPU: decoding's linear layers), "always" for every supported product
+    # (tests), "never" (library calls only).
+    gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "matvec"))
     # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
     # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its
     # first launch, in this process.
@@ -149,8 +151,9 @@ class Config:
         # settings that name a kernel backend are checked against the registry (device.check_backend_settings)
         if self.wrapper not in ("python", "fx"):
             raise ValueError(f"ember.config.wrapper={self.wrapper!r}: use 'python' or 'fx'")
-        if self.gemm_templates not in ("auto", "always", "never"):
-            raise ValueError(f"ember.config.gemm_templates={self.gemm_templates!r}: use 'auto', 'always' or 'never'")
+        if self.gemm_templates not in ("auto", "always", "matvec", "never"):
+            raise ValueError(f"ember.config.gemm_templates={self.gemm_templates!r}: use 'auto', 'always', "
+                             f"'matvec' or 'never'")
 
 
 # Settings that leave a graph's Wrapper IR as it is: they act before ember receives the graph (the pre-grad

@@ -49,6 +49,9 @@ class KernelBackend:
     # launch config, or None for the library call}, chosen by timing before the graph is lowered
     # (gemm_templates="auto"); None: the backend cannot choose, and "auto" keeps the library calls
     choose_products = None
+    # a method taking an ir.template.ProductSpec and answering whether the backend's template is known, with
+    # no timing, to be faster than the library call for it (gemm_templates "matvec" and "auto"); None: never
+    prefers_template = None
     # the device's convolution library (cuDNN, oneDNN) runs 2-D convolutions fastest channels-last: plan
     # conv-heavy graphs so (graph/passes/conv_layout.py)
     channels_last_convolutions: bool = False

@@ -55,7 +55,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     if (mode or "default") not in MODES:
         raise ValueError(f"ember: unknown torch.compile mode {mode!r}; use one of {', '.join(MODES)}")
     cudagraphs, tuned_products = MODES[mode or "default"]
-    settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "never" else {}
+    # the search widens the default ("matvec"); a setting of "always" or "never" is the user's and stays
+    settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "matvec" else {}
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
         return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
 

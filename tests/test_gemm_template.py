@@ -38,7 +38,7 @@ def _compile(fn, *args, mode="always"):
 
 
 def _templates(sources) -> list:
-    return [s for s in sources if "tl.dot(" in s]
+    return [s for s in sources if "BLOCK_K: tl.constexpr" in s]
 
 
 def _only_templates(sources, count: int) -> list:
@@ -159,12 +159,86 @@ def test_mlp_forward_and_backward():
     assert not any("mm" in op for op in ember.metrics.fallbacks)
 
 
+# -- row-vector products (M = 1): programs over columns, no tl.dot -----------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_row_vector_linear_bias_gelu_is_one_kernel(dtype):
+    """One row through a linear layer (a decoding step): the row-vector loop reads the transposed weight in
+    place along K, bias and tanh-GELU run on its tile; N and K are primes, no block divides them."""
+    x, w, b = _rand(1, 67, dtype=dtype), _rand(53, 67, dtype=dtype), _rand(53, dtype=dtype)
+    _, sources = _compile(lambda x, w, b: (F.gelu(F.linear(x, w, b), approximate="tanh"),), x, w, b)
+    (src,) = _only_templates(sources, 1)
+    assert "# mv:" in src and "tl.dot(" not in src and src.count("tl.store(") == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_row_vector_swiglu_and_residual(dtype):
+    """A decoder's MLP for one token: gate and up as one product split in two, then the down product with the
+    residual added on its tile. SiLU(gate) * up reads two columns of the first product per element, so it is
+    a kernel of its own."""
+    x, w13, w2 = _rand(1, 40, dtype=dtype), _rand(2 * 37, 40, dtype=dtype), _rand(40, 37, dtype=dtype)
+
+    def f(x, w13, w2):
+        g, u = F.linear(x, w13).chunk(2, dim=-1)
+        return (x + F.linear(F.silu(g) * u, w2),)
+    _, sources = _compile(f, x, w13, w2)
+    templates = _templates(sources)
+    assert len(templates) == 2 and all("# mv:" in s for s in templates) and len(sources) == 3
+    assert templates[1].count("tl.store(") == 1       # the residual added on the tile, only the sum stored
+
+
+def test_row_vector_linear_forward_and_backward():
+    """A linear layer trained on one row: its input gradient (one row times the weight, read along N) is a
+    row-vector product too, its weight gradient an outer product (K = 1)."""
+    model = torch.nn.Linear(45, 31).to(DEVICE)
+    x = _rand(1, 45).requires_grad_()
+    with ember.config.patch(gemm_templates="always"):
+        check(lambda x: model(x).sin(), x, grad=True)
+    assert not any("mm" in op for op in ember.metrics.fallbacks)
+
+
+def test_gpu_backend_prefers_wide_row_vector_linears():
+    """The Triton backend on a GPU takes its template for a row-vector product read along K, N at least
+    MATVEC_MIN_N and K at most 2N, without timing; not for a matrix, a bmm, a long K, a narrow N or a weight
+    read across its rows; never under the interpreter."""
+    from ember.codegen.triton.backend import MATVEC_MIN_N, TritonBackend
+    from ember.ir.template import ProductSpec
+    gpu, interpreter = TritonBackend(interpret=False), TritonBackend(interpret=True)
+
+    def spec(m, n, k, op="mm", weight_t=True):
+        b = ((k, n), (1, k)) if weight_t else ((k, n), (n, 1))
+        a = ((m, k), (k, 1)) if op == "mm" else ((1, m, k), (m * k, k, 1))
+        if op == "bmm":
+            b = ((1, k, n), (k * n, 1, k))
+        return ProductSpec(op, a, b, None, BF16, 0.0)
+    assert gpu.prefers_template(spec(1, 1536, 1024)) and gpu.prefers_template(spec(1, 32000, 4096))
+    assert not interpreter.prefers_template(spec(1, 1536, 1024))
+    assert not gpu.prefers_template(spec(2, 1536, 1024))
+    assert not gpu.prefers_template(spec(1, 1536, 1024, op="bmm"))
+    assert not gpu.prefers_template(spec(1, 1024, 2816))
+    assert not gpu.prefers_template(spec(1, MATVEC_MIN_N // 2, 256))
+    assert not gpu.prefers_template(spec(1, 1536, 1024, weight_t=False))
+
+
+def test_matvec_uses_the_template_where_the_backend_prefers_it(monkeypatch):
+    """gemm_templates="matvec" (the default): a product the backend prefers is a template with its epilogue,
+    with no timing; the others stay library calls."""
+    from ember.codegen.triton.backend import TritonBackend
+    monkeypatch.setattr(TritonBackend, "prefers_template", lambda self, spec: spec.sizes()[1] == 1)
+    x, w, m = _rand(1, 40), _rand(48, 40), _rand(6, 40)
+    ember.metrics.reset()
+    _, sources = _compile(lambda x, w, m: ((x @ w.t()).relu(), (m @ w.t()).relu()), x, w, m, mode="matvec")
+    assert len(_templates(sources)) == 1 and ember.metrics.template_kernels == 1
+    assert ember.metrics.fallbacks["aten.mm.default"] == 1
+
+
 @interpreter_only
 def test_auto_and_never_keep_the_library_call_on_the_interpreter():
     """gemm_templates="auto" uses the template only where it can be timed against the library: not in the
-    interpreter. "never": nowhere."""
+    interpreter; "matvec" only where the GPU's backend prefers it: not in the interpreter either. "never":
+    nowhere."""
     a, b = _rand(16, 24), _rand(24, 32)
-    for mode in ("auto", "never"):
+    for mode in ("auto", "matvec", "never"):
         ember.metrics.reset()
         _, sources = _compile(lambda a, b: ((a @ b).relu(),), a, b, mode=mode)
         assert not _templates(sources) and ember.metrics.template_kernels == 0

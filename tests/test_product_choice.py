@@ -189,4 +189,4 @@ def test_max_autotune_times_the_products_of_forward_and_backward(timed_backend, 
     model(x).pow(2).sum().backward()
     assert_close(grads, [p.grad for p in model.parameters()])
     assert len(asked) == 2 and (1, 24, 32, 40) in asked[0] and (1, 32, 40, 24) in asked[1], asked
-    assert ember.config.gemm_templates == "never"       # the mode's setting held only while compiling
+    assert ember.config.gemm_templates == "matvec"      # the mode's setting held only while compiling

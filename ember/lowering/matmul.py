@@ -1,11 +1,13 @@
 """Matrix products: mm, bmm and addmm as GEMM templates (ir/template.py) where the device's kernel backend
 renders them and ember.config.gemm_templates asks for them; otherwise (raising Unsupported) an ATen call.
 
-"auto" uses a template where the backend's timing, before the graph is lowered, found it faster than the
+"matvec" (the default) uses the template only where the backend knows it to be faster than the library
+without timing (`prefers_template`: row-vector products on a GPU, as in a decoding step). "auto" uses it
+there too, and wherever the backend's timing, before the graph is lowered, found it faster than the
 library call with its epilogue in a separate kernel (the backend's `choose_products`; the template then has
 the one launch config timed fastest); "always" wherever the backend has templates (configs timed at first
 call); "never" nowhere. The template covers static sizes, float32 (TF32 as
-torch.backends.cuda.matmul.allow_tf32 says), float16 and bfloat16. addmm is the template's product
+torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16. addmm is the template's product
 plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
 graph/passes/post_grad.py, unfuse_bias_addmm).
@@ -37,8 +39,9 @@ LIBRARY = (False, None)
 
 def _template_plan(a, b) -> tuple:
     """Is a @ b (2-D or batched) a template, and with which launch config (None: timed at its first call)?
-    "always": wherever the backend renders templates; "auto": where the backend's timing chose it for this
-    graph node (_product_choices); "never": nowhere."""
+    "always": wherever the backend renders templates; "matvec": where the backend knows its template to be
+    faster without timing (row-vector products on a GPU); "auto": those, and where the backend's timing
+    chose it for this graph node (_product_choices); "never": nowhere."""
     mode = config.gemm_templates
     backend = backend_for(a.get_device())
     if mode == "never" or not backend.gemm_templates or not _supported(a, b):
@@ -47,6 +50,10 @@ def _template_plan(a, b) -> tuple:
         return True, None
     graph = state.current_graph()
     node = graph.current_node
+    if _preferred(node, backend):
+        return True, None
+    if mode == "matvec":
+        return LIBRARY
     choices = _product_choices(graph)
     if node not in choices or choices[node] is None:
         return LIBRARY
@@ -68,6 +75,14 @@ _PRODUCTS = {aten.mm.default: "mm", aten.bmm.default: "bmm", aten.addmm.default:
 _ORDER_KEEPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
+def _preferred(node, backend) -> bool:
+    """Whether the backend takes its template for this product node without timing it."""
+    if backend.prefers_template is None or node is None:
+        return False
+    spec = product_spec(node)
+    return spec is not None and backend.prefers_template(spec)
+
+
 def _product_choices(graph) -> dict:
     """{FX node: the template's launch config, or None for the library call} for the graph's products the
     backends can time, asked of each device's backend once per graph (codegen/triton/product_choice.py)."""
@@ -75,7 +90,7 @@ def _product_choices(graph) -> dict:
         specs: dict = {}
         for n in graph.gm.graph.nodes:
             spec = product_spec(n)
-            if spec is not None:
+            if spec is not None and not _preferred(n, backend_for(n.meta["val"].device)):
                 specs.setdefault(n.meta["val"].device, {})[n] = spec
         graph.product_choices = {}
         for device, nodes in specs.items():

@@ -32,6 +32,7 @@ class TemplateTuning:
     configs: list           # launch metas, best guess first
     sizes: tuple            # (batch, M, N, K)
     written: list           # positions of the arguments the kernel writes
+    persistent: bool = True  # programs walk the tiles (at most one per SM); False: one program per tile
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -49,11 +50,13 @@ def max_programs(device: torch.device) -> int:
     return INTERPRETED_PROGRAMS
 
 
-def template_grid(sizes: tuple, cfg: dict, programs: int) -> tuple:
-    """The persistent grid of a template kernel (gemm_template.py) over a product of (batch, M, N, K): one
-    program per output tile of every batch entry, at most `programs`; each walks tiles that far apart."""
+def template_grid(sizes: tuple, cfg: dict, programs: int, persistent: bool = True) -> tuple:
+    """The grid of a template kernel (gemm_template.py) over a product of (batch, M, N, K): one program per
+    output tile of every batch entry, and if `persistent`, at most `programs`, each walking tiles that far
+    apart."""
     batch, m, n, _ = sizes
-    return (max(1, min(programs, batch * _cdiv(m, cfg["BLOCK_M"]) * _cdiv(n, cfg["BLOCK_N"]))),)
+    tiles = batch * _cdiv(m, cfg["BLOCK_M"]) * _cdiv(n, cfg["BLOCK_N"])
+    return (max(1, min(programs, tiles) if persistent else tiles),)
 
 
 class TemplateChoice:
@@ -68,7 +71,7 @@ class TemplateChoice:
         self._launcher = isinstance(fn, Launcher)
 
     def grid(self, cfg: dict) -> tuple:
-        return template_grid(self.tuning.sizes, cfg, self.programs)
+        return template_grid(self.tuning.sizes, cfg, self.programs, self.tuning.persistent)
 
     def launch(self, cfg, args) -> None:
         self._bound(cfg)(*args)

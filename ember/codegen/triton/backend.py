@@ -28,6 +28,12 @@ from .kernel import TritonKernel
 
 
 
+# Row-vector products narrower than this keep cuBLAS: their programs (N / 8) leave an H100 half idle, and a
+# 512-column product with K = 4096 ran 35% slower than cuBLAS's split-K kernel
+# (experiments/skinny_gemm_probe.py --cold).
+MATVEC_MIN_N = 768
+
+
 class TritonBackend(KernelBackend):
     file_extension = "py"
     # cuBLAS picks its fast kernels only when every leading dimension is a multiple of 16 bytes (a GEMM
@@ -114,6 +120,17 @@ class TritonBackend(KernelBackend):
         """{ProductSpec: the template's launch config, or None for the library call}, by timing each
         (gemm_templates="auto": codegen/triton/product_choice.py)."""
         return choose_products(specs, device, self.interpreted)
+
+    def prefers_template(self, spec) -> bool:
+        """Row-vector products (a decoding step's linear layers: one row of x times a weight read along K) on
+        a GPU, wide enough for their programs to fill it and with K no longer than twice N: there ember's
+        row-vector kernel beat cuBLAS on every shape measured (codegen/triton/gemm_template.py), before any
+        epilogue is fused into it."""
+        if self.interpreted or spec.op == "bmm":
+            return False
+        _, m, n, k = spec.sizes()
+        (_, b_stride) = spec.b
+        return m == 1 and n >= MATVEC_MIN_N and 16 <= k <= 2 * n and (b_stride[0] == 1 or k == 1)
 
     def flex_attention_launches(self, spec):
         """FlexAttention's kernels for one call (ir/kernel_call.py, FlexAttentionSpec): (the input buffers they

@@ -18,6 +18,7 @@ product_choice.py times the template's main loop against the library call).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -48,13 +49,36 @@ _GPU_TILES_32BIT = [(128, 128, 32, 8, 3), (64, 128, 32, 4, 4), (128, 64, 32, 4, 
                     (32, 64, 32, 4, 5)]
 GROUP_M = 8           # programs along M that walk N together, so their B tiles stay in L2
 
+# A row-vector product (M = 1: a decoding step's linear layers) is bound by reading B once. Its programs each
+# own BLOCK_N columns of the output, as many programs as that makes (not one per SM), and sum the products of
+# x with BLOCK_N rows of B^T along K on CUDA cores: (BLOCK_N, BLOCK_K, num_warps, num_stages), best first.
+# On an H100 (experiments/skinny_gemm_probe.py --cold, B read from memory) 8 x 128 with 8 warps was the
+# fastest on every shape tried, 1-2 stages alike.
+_GPU_ROW_TILES = [(8, 128, 8, 1), (8, 128, 8, 2), (16, 128, 8, 1), (8, 256, 8, 1)]
+_INTERPRETED_ROW_TILE = (32, 64, 1, 1)
 
-def template_configs(sizes: tuple, dtype: torch.dtype, interpreted: bool) -> list[dict]:
+
+def is_row_vector(sizes: tuple, batched: bool) -> bool:
+    """Whether a product of (batch, M, N, K) is one row times a matrix (not a bmm), which the row-vector loop
+    computes."""
+    return not batched and sizes[1] == 1
+
+
+def template_configs(sizes: tuple, dtype: torch.dtype, interpreted: bool, batched: bool = False) -> list[dict]:
     """Launch metas for a product of (batch, M, N, K), best guess first. Tiles shrink to the problem (no
     dimension past the next power of two of its size, none below 16), duplicates dropped. The interpreter
     gets one tile, as large as the product allows: it runs each program's operations one by one, so fewer
     programs run faster."""
     _, m, n, k = sizes
+    if is_row_vector(sizes, batched):
+        tiles = [_INTERPRETED_ROW_TILE] if interpreted else _GPU_ROW_TILES
+        out = []
+        for bn, bk, warps, stages in tiles:
+            cfg = {"BLOCK_M": 1, "BLOCK_N": min(bn, next_pow2(n)), "BLOCK_K": min(bk, max(16, next_pow2(k))),
+                   "GROUP_M": 1, "num_warps": warps, "num_stages": stages}
+            if cfg not in out:
+                out.append(cfg)
+        return out
     if interpreted:
         tiles = [(64, 64, 32, 1, 1)]
     else:
@@ -137,14 +161,17 @@ class TemplateKernel(TritonKernel):
 @dataclasses.dataclass
 class MainLoop:
     """The template's main loop as lines: `setup` runs once per program, `tile` once per output tile (its
-    product `acc`, `xindex`, `xmask`), inside the loop over the program's tiles."""
+    product `acc`, `xindex`, `xmask`), inside the loop over the program's tiles (`tile_loop`; None: a
+    program computes one tile)."""
     setup: list
-    tile_loop: str
+    tile_loop: Optional[str]
     tile: list
 
     def around(self, tile_body: list) -> list:
         """The kernel body: the setup, then the tile loop over `tile_body` (the tile's lines and what follows
         them)."""
+        if self.tile_loop is None:
+            return self.setup + tile_body
         return self.setup + [self.tile_loop] + ["    " + ln for ln in tile_body]
 
 
@@ -153,6 +180,8 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     """The template's main loop: for each of the program's tiles, the float32 tile `acc` of the product,
     then `xindex` and `xmask` (the tile's flat positions in the row-major product, and which are inside it).
     `a` and `b` are each operand's (pointer name, offset, (batch, row, col) strides)."""
+    if is_row_vector(sizes, batched):
+        return row_loop_lines(sizes, dtype, a, b, int64, even_k)
     batch, M, N, K = sizes
     a_ptr, a_off, (sab, sam, sak) = a
     b_ptr, b_off, (sbb, sbk, sbn) = b
@@ -208,6 +237,40 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     return MainLoop(setup, tile_loop, lines)
 
 
+def row_loop_lines(sizes: tuple, dtype: torch.dtype, a: tuple, b: tuple, int64: bool, even_k: bool) -> MainLoop:
+    """The main loop of a row-vector product ([1, K] @ [K, N]): the program's BLOCK_N columns, each the sum
+    along K of x times a column of B, accumulated in float32 as a [BLOCK_N, BLOCK_K] block and summed once
+    at the end; `acc` is then the [1, BLOCK_N] tile. B's columns are read along K, contiguous for a linear
+    layer's transposed weight."""
+    _, _, N, K = sizes
+    a_ptr, a_off, (_, _, sak) = a
+    b_ptr, b_off, (_, sbk, sbn) = b
+    idx = ".to(tl.int64)" if int64 else ""
+    setup = [
+        f"# mv: [1, {K}] @ [{K}, {N}], {dtype}, float32 accumulator, BLOCK_N columns per program",
+        f"rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)){idx}",
+        f"rk = tl.arange(0, BLOCK_K){idx}",
+        # columns past the edge read column 0 (in bounds); their results are masked
+        f"rbn = rn % {N}",
+        f"a_ptrs = {a_ptr} + ({a_off} + rk * {sak})",
+        f"b_ptrs = {b_ptr} + ({b_off} + rbn[:, None] * {sbn} + rk[None, :] * {sbk})",
+        "part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)",
+        f"for k in range(0, {K}, BLOCK_K):",
+    ]
+    if even_k:
+        body = ["a = tl.load(a_ptrs).to(tl.float32)", "b = tl.load(b_ptrs).to(tl.float32)"]
+    else:
+        body = [f"a = tl.load(a_ptrs, mask=rk < {K} - k, other=0.0).to(tl.float32)",
+                f"b = tl.load(b_ptrs, mask=(rk < {K} - k)[None, :], other=0.0).to(tl.float32)"]
+    body += ["part += b * a[None, :]", f"a_ptrs += BLOCK_K * {sak}", f"b_ptrs += BLOCK_K * {sbk}"]
+    setup += ["    " + ln for ln in body]
+    tile = ["acc = tl.sum(part, 1)[None, :]",
+            "rm = tl.arange(0, BLOCK_M)",
+            f"xindex = rm[:, None] * {N} + rn[None, :]",
+            f"xmask = (rm < 1)[:, None] & (rn < {N})[None, :]"]
+    return MainLoop(setup, None, tile)
+
+
 def _cdiv_src(n: int, block: str) -> str:
     return f"({n} + {block} - 1) // {block}"
 
@@ -215,11 +278,11 @@ def _cdiv_src(n: int, block: str) -> str:
 def generate_template(backend, name: str, group, graph, local: set) -> GeneratedKernel:
     """A template group's kernel: its DefineKernel (with a TemplateTuning the launcher chooses by) and call."""
     template = next(n for n in group.nodes if is_template(n.buf))
-    sizes = template.buf.data.sizes()
+    sizes, batched = template.buf.data.sizes(), template.buf.data.batched
     if template.buf.data.launch is not None:       # chosen by timing before lowering (gemm_templates="auto")
         configs = [template.buf.data.launch]
     else:
-        configs = template_configs(sizes, template.buf.dtype, backend.interpreted)
+        configs = template_configs(sizes, template.buf.dtype, backend.interpreted, batched)
         if not backend.tunes:
             configs = configs[:1]
     even_k = all(sizes[3] % cfg["BLOCK_K"] == 0 for cfg in configs)
@@ -229,7 +292,7 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     args = [Name(buf) for _, buf in ptrs]
     source = k.source()
     written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
-    tuning = TemplateTuning(configs, sizes, written)
+    tuning = TemplateTuning(configs, sizes, written, persistent=not is_row_vector(sizes, batched))
     warm = None
     if backend.precompiles:
         compile_pool.start()

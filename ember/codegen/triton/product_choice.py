@@ -39,7 +39,7 @@ from ...runtime.autotune import median_ms, read_choice, write_choice
 from ...runtime.launch import Launcher
 from ...runtime.loader import cache_dir, load_module
 from ...runtime.template_choice import max_programs, template_grid
-from .gemm_template import main_loop_lines, template_configs
+from .gemm_template import is_row_vector, main_loop_lines, template_configs
 from .spelling import UNARY, module_header, triton_type
 
 log = logging.getLogger("ember")
@@ -88,7 +88,8 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
     a load of each E (the product's size, or a row of N broadcast) and the costly one-operand ops."""
     batch, m, n, k = spec.sizes()
     int64 = max(_extent(spec.a), _extent(spec.b), batch * m * n) >= 2 ** 31
-    even_k = all(k % cfg["BLOCK_K"] == 0 for cfg in template_configs(spec.sizes(), spec.dtype, interpreted))
+    even_k = all(k % cfg["BLOCK_K"] == 0 for cfg in template_configs(spec.sizes(), spec.dtype, interpreted,
+                                                                       spec.op == "bmm"))
     main = main_loop_lines(spec.sizes(), spec.op == "bmm", spec.dtype, ("A", 0, _strides(spec.a)),
                            ("B", 0, _strides(spec.b)), int64, even_k, interpreted)
     lines = main.tile + ["v = acc"]
@@ -140,7 +141,7 @@ def _operand(operand, dtype, device) -> torch.Tensor:
 
 def _time_all(specs: list, device: torch.device, interpreted: bool) -> dict:
     names = [f"ember_probe_{i}" for i in range(len(specs))]
-    configs = [template_configs(s.sizes(), s.dtype, interpreted) for s in specs]
+    configs = [template_configs(s.sizes(), s.dtype, interpreted, s.op == "bmm") for s in specs]
     source = module_header(interpreted) + \
         "\n\n".join(probe_source(s, name, interpreted) for s, name in zip(specs, names))
     mod = load_probes(source)
@@ -164,8 +165,9 @@ def _choose(spec: ProductSpec, probe, configs: list, device: torch.device) -> Op
     args = (a, b, c, *_epilogue_inputs(spec, device))
     templates = []
     programs = max_programs(device)
+    persistent = not is_row_vector(spec.sizes(), spec.op == "bmm")
     for cfg in configs:
-        grid = template_grid(spec.sizes(), cfg, programs)
+        grid = template_grid(spec.sizes(), cfg, programs, persistent)
         launch = (lambda g=grid, cfg=cfg: probe.launch(g, args, cfg)) if isinstance(probe, Launcher) \
             else (lambda g=grid, cfg=cfg: probe[g](*args, **cfg))
         try:
