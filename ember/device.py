@@ -61,6 +61,10 @@ class KernelBackend:
     # buffers, Launches), raising Unsupported where they do not apply (lowering/flex_attention.py); None:
     # the backend has none and the higher-order op runs as the ATen op
     flex_attention_launches = None
+    # kernels for attention with few queries per key/value head: a method taking an
+    # ir.kernel_call.ShortQueryAttentionSpec and returning (the (dtype, size) of its scratch results, Launches)
+    # (lowering/short_attention.py); None: the fused ATen op runs
+    short_query_attention_launches = None
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
         """(most, aim) for a reduction of few long rows (lowering/reductions.py): one of at most `most`

@@ -28,6 +28,7 @@ _COUNTS = {
     "collective_buckets": "buckets of collectives merged into one (graph/passes/bucket_collectives.py)",
     "collectives_bucketed": "collectives merged into those buckets",
     "flex_attention_kernels": "FlexAttention forward and backward calls compiled to ember's Triton kernels",
+    "short_attention_kernels": "fused attention calls with few queries per key/value head run as ember's kernels",
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
@@ -36,7 +37,7 @@ direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = 0
 template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
-flex_attention_kernels = 0
+flex_attention_kernels = short_attention_kernels = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 collectives: collections.Counter = collections.Counter()  # collective op name -> calls and waits compiled

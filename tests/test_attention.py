@@ -36,7 +36,11 @@ def assert_fused(graphs, training: bool):
     assert not any(t is aten.bmm.default for g in graphs for t in g), "attention ran as batched matmuls"
     assert any("backward" in str(t) for t in ops) == training, ops
     externs = set(ember.metrics.fallbacks)
-    assert all(str(t) in externs for t in ops), f"{ops} did not run as ATen calls: {externs}"
+    # an inference call with few queries per key/value head runs as ember's own fused kernels instead
+    # (lowering/short_attention.py)
+    ours = ember.metrics.short_attention_kernels
+    assert all(str(t) in externs for t in ops) or not training and ours == len(ops), \
+        f"{ops} did not run as ATen calls ({externs}) nor as ember's kernels ({ours})"
 
 
 def rand(*shape, device, dtype=torch.float32):

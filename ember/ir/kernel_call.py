@@ -1,6 +1,7 @@
 """KernelCall: a node the wrapper runs as kernels ember wrote for it alone (FlexAttention's forward and
-backward), rather than as an ATen call or a fused group; and FlexAttentionSpec, the plain description of one
-FlexAttention call from which a backend writes those kernels.
+backward, attention with few queries), rather than as an ATen call or a fused group; and the plain
+descriptions of such calls from which a backend writes those kernels (FlexAttentionSpec,
+ShortQueryAttentionSpec).
 
 It is an ExternKernel to the scheduler and the memory planner (never fused, reads its `args`, results
 are its MultiOutputs), so nothing there changes. The program builder (codegen/program.py) allocates each
@@ -66,3 +67,21 @@ class FlexAttentionSpec:
 
     def result_layouts(self) -> list[Layout]:
         return list(self.results.values())
+
+
+@dataclasses.dataclass
+class ShortQueryAttentionSpec:
+    """One fused scaled-dot-product attention forward whose key/value heads each serve few query rows (query
+    heads per key/value head times queries: a decoding step), checked and with its tensors stored
+    (lowering/short_attention.py), for a backend's `short_query_attention_launches(spec)` (the Triton
+    backend's: codegen/triton/short_attention.py). That returns the (dtype, size) of the scratch results its
+    kernels need and the Launches; the KernelCall's inputs are `operands` in order, its results the output
+    (`out`), then the scratch."""
+    sizes: tuple                     # (B, Hq, M, D, Hkv, N, Dv): ints
+    dtype: torch.dtype               # of q, k, v and the output
+    operands: dict                   # "q", "k", "v"[, "bias"] -> stored buffer
+    strides: dict                    # "q", "k", "v", "bias", "out" -> 4 strides, 0 along broadcast dims
+    mask: str                        # "none"; "additive": `bias` is added to the scores; "boolean": keys kept where true
+    is_causal: bool                  # key n seen by query i when n <= i
+    scale: float
+    out: Layout

@@ -14,14 +14,13 @@ tensors) raises Unsupported and runs the ATen op.
 """
 from __future__ import annotations
 
-import sympy
 import torch
 
 from .. import metrics, state
 from ..device import backend_for
-from ..ir.kernel_call import FlexAttentionSpec, KernelCall
-from ..ir.nodes import Layout, MultiOutput, TensorBox
-from .fallback import realize_arg
+from ..ir.kernel_call import FlexAttentionSpec
+from ..ir.nodes import Layout, TensorBox
+from .kernel_call import register_call, static_ints, stored_arg
 from .registry import Unsupported, lower_higher_order
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -36,21 +35,6 @@ def _launches_for(query):
     return launches
 
 
-def _ints(values) -> list[int]:
-    if not all(isinstance(sympy.sympify(v), sympy.Integer) for v in values):
-        raise Unsupported("flex attention with symbolic sizes or strides")
-    return [int(v) for v in values]
-
-
-def _stored(box, meta=None):
-    """A tensor argument stored (Buffer or ReinterpretView) with static layout."""
-    if not isinstance(box, TensorBox):
-        raise Unsupported("flex attention argument is not a tensor")
-    x = realize_arg(box, meta)
-    _ints([*x.layout.size, *x.layout.stride, x.layout.offset])
-    return x
-
-
 class BlockMaskArgs:
     """The BlockMask tuple as the HOP carries it: (q_len, kv_len, kv_num_blocks, kv_indices,
     full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks, full_q_indices, [torch
@@ -60,11 +44,11 @@ class BlockMaskArgs:
 
     def __init__(self, block_mask: tuple):
         self.tensors = dict(zip(self.NAMES, block_mask[2:10]))
-        self.sparse_q, self.sparse_kv = _ints(block_mask[-3:-1])
+        self.sparse_q, self.sparse_kv = static_ints(block_mask[-3:-1])
         self.mask_graph = block_mask[-1]
 
     def stored(self, names) -> dict:
-        return {n: _stored(self.tensors[n]) for n in names if self.tensors[n] is not None}
+        return {n: stored_arg(self.tensors[n]) for n in names if self.tensors[n] is not None}
 
 
 def _captured(values) -> list:
@@ -73,12 +57,12 @@ def _captured(values) -> list:
     for v in values:
         if not isinstance(v, TensorBox):
             raise Unsupported("flex attention captures a value that is not a tensor")
-        out.append(TensorBox(_stored(v)))
+        out.append(TensorBox(stored_arg(v)))
     return out
 
 
 def check_shapes(q, k, v) -> tuple:
-    (B, Hq, M, D), (Bkv, Hkv, N, Dk), (Bv, Hv, Nv, Dv) = (_ints(x.get_size()) for x in (q, k, v))
+    (B, Hq, M, D), (Bkv, Hkv, N, Dk), (Bv, Hv, Nv, Dv) = (static_ints(x.get_size()) for x in (q, k, v))
     if q.get_dtype() not in DTYPES or k.get_dtype() != q.get_dtype() or v.get_dtype() != q.get_dtype():
         raise Unsupported("flex attention dtype")
     if Dk != D or (Bv, Hv, Nv) != (Bkv, Hkv, N) or Hq % Hkv or Bkv not in (1, B):
@@ -93,23 +77,15 @@ def register_kernel_call(kind: str, launches_for, spec: FlexAttentionSpec) -> li
     extra_inputs, launches = launches_for(spec)
     device = spec.operands["q"].get_device()
     inputs = [*spec.operands.values(), *spec.block_mask.values(), *extra_inputs]
-    call = KernelCall(kind, device, inputs, launches)
-    g = state.current_graph()
-    g.register_buffer(call)
-    outs = []
-    for i, layout in enumerate(spec.result_layouts()):
-        r = g.register_buffer(MultiOutput(None, layout, call, (i,)))
-        call.results.append(r)
-        outs.append(TensorBox(r))
     metrics.flex_attention_kernels += 1
-    return outs
+    return register_call(kind, device, inputs, launches, spec.result_layouts())
 
 
 def _result_layouts(tensors) -> list[Layout]:
     """The results' layouts, from the node's fake outputs; Unsupported for symbolic strides."""
     layouts = [Layout.from_tensor(t) for t in tensors]
     for layout in layouts:
-        _ints(layout.stride)
+        static_ints(layout.stride)
     return layouts
 
 
@@ -131,11 +107,11 @@ def flex_attention(query, key, value, score_mod, block_mask, scale, kernel_optio
     Hq, M = sizes[1], sizes[2]
     bm = BlockMaskArgs(block_mask)
     mq, mk, mv = _metas(node, 3)
-    operands = {"q": _stored(query, mq), "k": _stored(key, mk), "v": _stored(value, mv)}
+    operands = {"q": stored_arg(query, mq), "k": stored_arg(key, mk), "v": stored_arg(value, mv)}
     block_mask_tensors = bm.stored(BlockMaskArgs.KV_NAMES)
     score_captured, mask_captured = _captured(score_mod_other_buffers), _captured(mask_mod_other_buffers)
     layouts = _result_layouts(val)
-    if _ints(layouts[1].stride) != [Hq * M, M, 1]:
+    if static_ints(layouts[1].stride) != [Hq * M, M, 1]:
         raise Unsupported("flex attention logsumexp layout")
     spec = FlexAttentionSpec(
         backward=False, sizes=sizes, dtype=query.get_dtype(), operands=operands, block_mask=block_mask_tensors,
@@ -160,10 +136,10 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
         raise Unsupported("flex attention backward with a broadcast key/value batch")
     bm = BlockMaskArgs(block_mask)
     metas = _metas(node, 7)
-    stored = {n: _stored(x, m) for n, x, m in zip(("q", "k", "v", "out", "lse", "do"),
+    stored = {n: stored_arg(x, m) for n, x, m in zip(("q", "k", "v", "out", "lse", "do"),
                                                  (query, key, value, out, logsumexp, grad_out), metas)}
     if grad_logsumexp is not None:
-        stored["dlse"] = _stored(grad_logsumexp, metas[6])
+        stored["dlse"] = stored_arg(grad_logsumexp, metas[6])
     block_mask_tensors = bm.stored(BlockMaskArgs.NAMES)
     if "q_num" not in block_mask_tensors or "q_idx" not in block_mask_tensors:
         raise Unsupported("flex attention backward without the BlockMask's q_num_blocks / q_indices")
@@ -172,7 +148,7 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
         if stored[n].layout.size != stored["q"].layout.size[:3] + [Dv]:
             raise Unsupported("flex attention backward output shapes")
     for n in ("lse", "dlse"):
-        if n in stored and _ints(stored[n].layout.stride) != [Hq * M, M, 1]:
+        if n in stored and static_ints(stored[n].layout.stride) != [Hq * M, M, 1]:
             raise Unsupported("flex attention backward logsumexp layout")
     layouts = _result_layouts(val[:3])
     # delta = rowsum(out * dout) - dlse / ln 2, per query row: a float32 result the backward's kernels share

@@ -50,4 +50,4 @@ def get_lowering(target):
 def load_all() -> None:
     """Import every lowering module (registration happens at import)."""
     from . import (collectives, concat, creation, fallback, flex_attention, indexing, matmul,  # noqa: F401
-                   mutation, pointwise, pooling, random, reductions, scan, scatter, upsample, views)
+                   mutation, pointwise, pooling, random, reductions, scan, scatter, short_attention, upsample, views)

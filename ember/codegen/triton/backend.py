@@ -20,6 +20,7 @@ from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kerne
 from ..wrapper.lines import CallKernel, DefineKernel, Name
 from ...ir.template import is_template
 from .flex_launch import flex_attention_launches
+from . import short_attention
 from .gemm_template import generate_template
 from .product_choice import choose_products
 from .spelling import module_header
@@ -136,6 +137,11 @@ class TritonBackend(KernelBackend):
         """FlexAttention's kernels for one call (ir/kernel_call.py, FlexAttentionSpec): (the input buffers they
         read after the spec's, their Launches); Unsupported for what they do not cover."""
         return flex_attention_launches(spec, self.interpreted)
+
+    def short_query_attention_launches(self, spec):
+        """Attention with few queries per key/value head (ir/kernel_call.py, ShortQueryAttentionSpec): (the
+        scratch results' (dtype, size), the Launches) (codegen/triton/short_attention.py)."""
+        return short_attention.launches(spec, self.interpreted)
 
     def load(self, kernels) -> dict:
         if not kernels:
