@@ -3,7 +3,7 @@ kernels of two kinds, each over a sweep of launch configs, timed inside a CUDA g
 (as a decode step's graph runs them); us per call.
 - dot: programs over (N / BLOCK_N) x (M / BLOCK_M) tiles, `tl.dot` over K (rows past M masked);
 - rows: M = 1 only, programs over N / BLOCK_N, each row of W times x summed along K (no tensor cores).
-Usage: python -m experiments.skinny_gemm_probe [--shapes M,N,K;...] [--cold]"""
+Usage: python -m experiments.skinny_gemm_probe [--shapes M,N,K;...] [--cold] [--kinds dot,rows]"""
 import argparse
 import itertools
 
@@ -64,7 +64,7 @@ def graph_us(fn, calls=50, reps=20):
     return sorted(ts)[len(ts) // 2]
 
 
-def probe(m, n, k, cold):
+def probe(m, n, k, cold, kinds=("dot", "rows")):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     # cold: enough copies of W, each call reading the next, that none is in L2 (50 MB) when read again
     copies = -(-160 * 2 ** 20 // (n * k * 2)) if cold else 1
@@ -74,8 +74,8 @@ def probe(m, n, k, cold):
     c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     rows = []
     best = {"cublas": (graph_us(lambda i: torch.mm(x, ws[i % copies].t(), out=c)), None)}
-    for kind, bn, bk, warps, stages in itertools.product(("dot", "rows"), (8, 16, 32, 64), (128, 256, 512),
-                                                          (4, 8), (1, 2, 4)):
+    for kind, bn, bk, warps, stages in itertools.product(kinds, (2, 4, 8, 16, 32, 64), (128, 256, 512),
+                                                          (2, 4, 8), (1, 2, 4)):
         if kind == "rows" and (m != 1 or stages > 2) or kind == "dot" and stages == 1:
             continue
         if kind == "dot" and bn < 16:
@@ -116,6 +116,7 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default="1,1536,1024;1,1024,1024;1,5632,1024;1,1024,2816;1,32000,1024;"
                                         "16,4096,4096;4,1536,1024;8,5632,1024")
     ap.add_argument("--cold", action="store_true", help="W read from memory at each call, not from L2")
+    ap.add_argument("--kinds", default="dot,rows")
     a = ap.parse_args()
     for shape in a.shapes.split(";"):
-        probe(*map(int, shape.split(",")), a.cold)
+        probe(*map(int, shape.split(",")), a.cold, tuple(a.kinds.split(",")))

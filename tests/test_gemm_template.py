@@ -199,9 +199,9 @@ def test_row_vector_linear_forward_and_backward():
 
 def test_gpu_backend_prefers_wide_row_vector_linears():
     """The Triton backend on a GPU takes its template for a row-vector product read along K, N at least
-    MATVEC_MIN_N and K at most 2N, without timing; not for a matrix, a bmm, a long K, a narrow N or a weight
-    read across its rows; never under the interpreter."""
-    from ember.codegen.triton.backend import MATVEC_MIN_N, TritonBackend
+    MATVEC_MIN_N and K at most MATVEC_MAX_K_PER_N times N, without timing; not for a matrix, a bmm, a long
+    K, a narrow N or a weight read across its rows; never under the interpreter."""
+    from ember.codegen.triton.backend import MATVEC_MAX_K_PER_N, MATVEC_MIN_N, TritonBackend
     from ember.ir.template import ProductSpec
     gpu, interpreter = TritonBackend(interpret=False), TritonBackend(interpret=True)
 
@@ -215,7 +215,8 @@ def test_gpu_backend_prefers_wide_row_vector_linears():
     assert not interpreter.prefers_template(spec(1, 1536, 1024))
     assert not gpu.prefers_template(spec(2, 1536, 1024))
     assert not gpu.prefers_template(spec(1, 1536, 1024, op="bmm"))
-    assert not gpu.prefers_template(spec(1, 1024, 2816))
+    assert gpu.prefers_template(spec(1, 1024, 2816)) and gpu.prefers_template(spec(1, 4096, 11008))
+    assert not gpu.prefers_template(spec(1, 1024, 1024 * MATVEC_MAX_K_PER_N + 1))
     assert not gpu.prefers_template(spec(1, MATVEC_MIN_N // 2, 256))
     assert not gpu.prefers_template(spec(1, 1536, 1024, weight_t=False))
 

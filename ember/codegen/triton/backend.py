@@ -29,10 +29,11 @@ from .kernel import TritonKernel
 
 
 
-# Row-vector products narrower than this keep cuBLAS: their programs (N / 8) leave an H100 half idle, and a
-# 512-column product with K = 4096 ran 35% slower than cuBLAS's split-K kernel
-# (experiments/skinny_gemm_probe.py --cold).
-MATVEC_MIN_N = 768
+# Row-vector products ember's kernel beat cuBLAS on, on an H100 (experiments/skinny_gemm_probe.py --cold):
+# N from 512 to 50257 columns, K up to 8 N (512 x 4096: 5.8 us against 6.7). Narrower or longer ones, where
+# cuBLAS splits K over more programs than ember's columns make, keep cuBLAS.
+MATVEC_MIN_N = 512
+MATVEC_MAX_K_PER_N = 8
 
 
 class TritonBackend(KernelBackend):
@@ -124,14 +125,14 @@ class TritonBackend(KernelBackend):
 
     def prefers_template(self, spec) -> bool:
         """Row-vector products (a decoding step's linear layers: one row of x times a weight read along K) on
-        a GPU, wide enough for their programs to fill it and with K no longer than twice N: there ember's
-        row-vector kernel beat cuBLAS on every shape measured (codegen/triton/gemm_template.py), before any
-        epilogue is fused into it."""
+        a GPU, wide enough for their programs to fill it and with K at most MATVEC_MAX_K_PER_N times N: there
+        ember's row-vector kernel beat cuBLAS on every shape measured (codegen/triton/gemm_template.py),
+        before any epilogue is fused into it."""
         if self.interpreted or spec.op == "bmm":
             return False
         _, m, n, k = spec.sizes()
         (_, b_stride) = spec.b
-        return m == 1 and n >= MATVEC_MIN_N and 16 <= k <= 2 * n and (b_stride[0] == 1 or k == 1)
+        return m == 1 and n >= MATVEC_MIN_N and 16 <= k <= MATVEC_MAX_K_PER_N * n and (b_stride[0] == 1 or k == 1)
 
     def flex_attention_launches(self, spec):
         """FlexAttention's kernels for one call (ir/kernel_call.py, FlexAttentionSpec): (the input buffers they

@@ -52,9 +52,11 @@ GROUP_M = 8           # programs along M that walk N together, so their B tiles 
 # A row-vector product (M = 1: a decoding step's linear layers) is bound by reading B once. Its programs each
 # own BLOCK_N columns of the output, as many programs as that makes (not one per SM), and sum the products of
 # x with BLOCK_N rows of B^T along K on CUDA cores: (BLOCK_N, BLOCK_K, num_warps, num_stages), best first.
-# On an H100 (experiments/skinny_gemm_probe.py --cold, B read from memory) 8 x 128 with 8 warps was the
-# fastest on every shape tried, 1-2 stages alike.
-_GPU_ROW_TILES = [(8, 128, 8, 1), (8, 128, 8, 2), (16, 128, 8, 1), (8, 256, 8, 1)]
+# On an H100 (experiments/skinny_gemm_probe.py --cold, B read from memory), 1-2 stages alike: 4 x 128 with 8
+# warps within 3% of the fastest on 1024 x 1024, 1024 x 2816, 512 x 4096 and 4096 x 11008 (N x K); 8 x 128
+# the fastest of the wider blocks on 1536 x 1024 up to 50257 x 768; 2 x 512 with 2 warps the fastest on three
+# of the first four. The first call times them on its arguments.
+_GPU_ROW_TILES = [(4, 128, 8, 1), (8, 128, 8, 1), (2, 512, 2, 1), (16, 128, 8, 1)]
 _INTERPRETED_ROW_TILE = (32, 64, 1, 1)
 
 
