@@ -50,6 +50,8 @@ def reduce(x: TensorBox, dims, reduction_type: str, dtype: torch.dtype, src_dtyp
         box = _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, ranges)
         return _unsqueeze_all(box, dims) if keepdim else box
     split = _split_count(ranges, rranges, reduction_type, x.device, strided=x.dim() - 1 in kept)
+    if split > 1 and reduction_type in _ARG:
+        return _split_arg(x, kept, dims, split, reduction_type, src_dtype, keepdim)
     if split > 1:
         return _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim)
 
@@ -98,7 +100,9 @@ def _one_element(x, kept, dims, reduction_type, dtype, src_dtype, output_index, 
 # the second reduces the partials. How few rows and how many partials is the kernel backend's call
 # (KernelBackend.reduction_split_rows). ConvNeXt's LayerNorm weight gradients, 96 rows of 50176 read along
 # columns, are 3 programs unsplit (docs/performance.md, "Reductions are split only where the backend gains").
-_SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
+_SPLITTABLE = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
+# argmax / argmin -> the value reduction whose partials choose the chunk (_split_arg)
+_ARG = {"argmax": "max", "argmin": "min"}
 # elements of a row one partial reduces, at least. Not less: at 128 a LayerNorm over 4096 rows of 768 (GPT-2's,
 # BERT's) would split into three kernels (GPT-2 inference: 104 kernels instead of 41)
 SPLIT_MIN_CHUNK = 512
@@ -107,6 +111,9 @@ SPLIT_MIN_CHUNK = 512
 # (docs/performance.md; `python -m experiments.column_sum_probe`)
 SPLIT_MIN_CHUNK_STRIDED = 128
 SPLIT_MIN_ELEMENTS = 1 << 18
+# ... for argmax / argmin, whose rows are a greedy decoder's logits: one row of 32000 took one program 8.7 us
+# on an H100 (experiments/decode_step_probe.py)
+SPLIT_MIN_ARG_ELEMENTS = 1 << 14
 
 
 def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=False) -> int:
@@ -120,7 +127,8 @@ def _split_count(ranges, rranges, reduction_type, device: torch.device, strided=
         return 1
     X, R = int(X), int(R)
     most, aim = backend_for(device).reduction_split_rows(strided)
-    if X > most or X * R < SPLIT_MIN_ELEMENTS or R < 2 * min_chunk:
+    min_elements = SPLIT_MIN_ARG_ELEMENTS if reduction_type in _ARG else SPLIT_MIN_ELEMENTS
+    if X > most or X * R < min_elements or R < 2 * min_chunk:
         return 1
     split = 1
     while X * split * 2 <= aim and R % (split * 2) == 0 and R // (split * 2) >= min_chunk:
@@ -157,6 +165,25 @@ def _split_partials(x, kept, dims, split, reduction_type, dtype, src_dtype, outp
 def _split_reduce(x, kept, dims, split, reduction_type, dtype, src_dtype, keepdim):
     partial = _split_partials(x, kept, dims, split, reduction_type, dtype, src_dtype)
     out = reduce(partial, [0], reduction_type, dtype, src_dtype=dtype, keepdim=False)
+    return _unsqueeze_all(out, dims) if keepdim else out
+
+
+def _split_arg(x, kept, dims, split, reduction_type, src_dtype, keepdim):
+    """argmax / argmin of `split` equal chunks of each row: each chunk's extreme value and its index in the
+    chunk (one kernel), then the chunk whose value wins (the first of equals, as the chunks are in order) and
+    its index plus the chunk's start. The first occurrence of the extreme (NaN counting as it, as in eager)
+    stays the answer: the winning chunk is the first holding it, and within it the index is the first."""
+    values = _split_partials(x, kept, dims, split, _ARG[reduction_type], src_dtype, src_dtype)
+    local = _split_partials(x, kept, dims, split, reduction_type, torch.int64, src_dtype)
+    winner = reduce(values, [0], reduction_type, torch.int64, src_dtype=src_dtype)
+    chunk = product(x.get_size()[i] for i in dims) / split
+    local_loader, winner_loader = local.make_loader(), winner.make_loader()
+
+    def inner_fn(idx):
+        w = winner_loader(idx)
+        at = local_loader([ops.indirect_indexing(w, sympy.Integer(split)), *idx])
+        return ops.add(ops.mul(w, ops.constant(int(chunk), torch.int64)), at)
+    out = TensorBox.pointwise(x.device, torch.int64, inner_fn, winner.get_size())
     return _unsqueeze_all(out, dims) if keepdim else out
 
 

@@ -12,7 +12,8 @@ F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float6
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
 
 # rows longer than this are reduced in a loop rather than held whole
-LOOPED = ember.config.persistent_reduction_max + 1000
+# rows past one persistent block, of an odd length: never split into chunks (split reductions divide rows evenly)
+LOOPED = ember.config.persistent_reduction_max + 1001
 
 
 # dims argument, keepdim
@@ -212,6 +213,20 @@ def test_a_bias_gradient_sums_its_columns_in_chunks_of_at_most_256_rows(device):
     assert ember.metrics.generated_kernel_count == (1 if _cpp(device) else 2)
 
 
+def test_argmax_of_a_long_row_is_split_and_keeps_the_first_extreme(device):
+    """A greedy decoder's argmax over 32000 logits is split in 32 chunks on a GPU: the chunks' extremes and
+    their indices in one kernel, then the winning chunk's. Ties and NaN give eager's first index (checked on
+    rows of 8192, 16 chunks of 512: the interpreter is slow)."""
+    from ember.lowering.reductions import _split_count
+    assert _split_count([1], [32000], "argmax", torch.device("cuda")) == 32
+    assert _split_count([2], [8192], "argmax", torch.device("cuda")) == 16
+    x = torch.randn(2, 8192, device=device)
+    x[0, 2000] = x[0, 5000] = 10.0
+    x[1, 1111] = x[1, 7000] = float("nan")
+    lowered(lambda a: (a.argmax(-1), a.argmin(-1, keepdim=True), a.argmax()), x)
+    lowered(lambda a: a[:, 64:].argmin(-1), x)          # 8128 = 2^6 * 127 per row: chunks of 1016
+
+
 def _cpp(device) -> bool:
     return device == "cpu" and ember.config.cpu_backend == "cpp"
 
@@ -255,7 +270,8 @@ def test_variance_of_few_long_rows_combines_chunk_statistics(device):
 
 
 def test_single_long_row_all_dims(device):
-    x = torch.randn(200, 300, device=device)     # one looped row (a split max takes minutes in the interpreter)
+    # one looped row of an odd length: not split (a split max takes minutes in the interpreter)
+    x = torch.randn(199, 301, device=device)
     lowered(lambda a: (a.sum(), a.amax(), a.mean(), a.std(), a.argmax()), x, rtol=1e-4, atol=1e-4)
 
 
