@@ -43,6 +43,7 @@ class ProgramBuilder:
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
         self.reuses: list = []       # HeldForReuse: each dead buffer held for a later buffer of its layout
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
+        self.call_kernels: dict = {}  # a KernelCall launch's source (under a placeholder name) -> kernel name
         # config.check_nans: where each value comes from, for the checks after each call (None when off)
         self.origins = ValueOrigins(lowering) if config.check_nans else None
         # config.report: each device call gets a ProfiledCall, its range named "<profile_prefix> #<n> <call>"
@@ -248,10 +249,14 @@ class ProgramBuilder:
         backend = backend_for(buf.get_device())
         args = [self._arg(a) for a in buf.args] + [Name(r.get_name()) for r in buf.results]
         for launch in buf.launches:
-            name = f"kernel{self.kernel_count}"
-            self.kernel_count += 1
-            source = launch.source(name)
-            self.lines.append(DefineKernel(name, source, backend, None, None, buf.get_device(), None))
+            # the same call again (a decoder's layers): its kernel is defined, compiled and loaded once
+            key = launch.source("KERNEL_NAME")
+            name = self.call_kernels.get(key)
+            if name is None:
+                name = self.call_kernels[key] = f"kernel{self.kernel_count}"
+                self.kernel_count += 1
+                self.lines.append(DefineKernel(name, launch.source(name), backend, None, None, buf.get_device(),
+                                               None))
             self.lines.append(CallKernel(name, list(args), list(launch.grid), dict(launch.meta)))
 
     def _profiled(self, call, moved: tuple) -> ProfiledCall:

@@ -131,3 +131,17 @@ def test_long_caches_stay_with_the_library_on_a_gpu():
                                    0.125, None)
     with pytest.raises(Unsupported):
         launches(spec, interpreted=False)
+
+
+def test_the_same_call_in_every_layer_is_one_kernel(device):
+    """A decoder's layers make the same attention call over caches of one layout: one kernel is defined (and
+    compiled) and launched once per layer."""
+    q, k1, v1 = _qkv(device, 1, 4, 2, 1, 29, 16, torch.float32)
+    k2, v2 = torch.randn_like(k1), torch.randn_like(v1)
+
+    def two_layers(q, k1, v1, k2, v2):
+        o = F.scaled_dot_product_attention(q, k1, v1, enable_gqa=True)
+        return F.scaled_dot_product_attention(o * 2, k2, v2, enable_gqa=True)
+    _run(device, two_layers, q, k1, v1, k2, v2, kernels=_eager_fuses(q, k1, v1, enable_gqa=True) or None)
+    if _kernels_expected(device) and ember.metrics.short_attention_kernels:
+        assert ember.metrics.short_attention_kernels == 2 and ember.metrics.generated_kernel_count <= 2
