@@ -81,7 +81,8 @@ class ShortQueryAttentionSpec:
     dtype: torch.dtype               # of q, k, v and the output
     operands: dict                   # "q", "k", "v"[, "bias"] -> stored buffer
     strides: dict                    # "q", "k", "v", "bias", "out" -> 4 strides, 0 along broadcast dims
-    mask: str                        # "none"; "additive": `bias` is added to the scores; "boolean": keys kept where true
+    mask: str                        # "none"; "additive": `bias` is added to the scores; "boolean": keys
+                                     # kept where it is true
     is_causal: bool                  # key n seen by query i when n <= i
     scale: float
     out: Layout

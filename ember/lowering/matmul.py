@@ -7,8 +7,9 @@ there too, and wherever the backend's timing, before the graph is lowered, found
 library call with its epilogue in a separate kernel (the backend's `choose_products`; the template then has
 the one launch config timed fastest); "always" wherever the backend has templates (configs timed at first
 call); "never" nowhere. The template covers static sizes, float32 (TF32 as
-torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16. addmm is the template's product
-plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses into the template's epilogue
+torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16.
+addmm is the template's product plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses
+into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
 graph/passes/post_grad.py, unfuse_bias_addmm).
 """

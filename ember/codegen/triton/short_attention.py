@@ -165,7 +165,8 @@ def main_source(name: str, spec: ShortQueryAttentionSpec, p: Plan, interpreted: 
         lines += _store_out(spec, "acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]")
     else:
         heads_split = f"(tl.program_id(0) * {p.splits} + tl.program_id(1))"
-        lines += [f"tl.store(PACC + {heads_split} * {p.block_m * p.block_d} + r[:, None] * {p.block_d} + d[None, :], acc)",
+        lines += [f"tl.store(PACC + {heads_split} * {p.block_m * p.block_d} + r[:, None] * {p.block_d} + d[None, :], "
+                  "acc)",
                   f"tl.store(PM + {heads_split} * {p.block_m} + r, m_i)",
                   f"tl.store(PL + {heads_split} * {p.block_m} + r, l_i)"]
     return _kernel(name, spec, p, lines)
