@@ -551,4 +551,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # the results are written: end without the interpreter's teardown, where a native thread left joinable
+    # (gloo's, or collective work's) can abort the process ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
