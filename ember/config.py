@@ -127,6 +127,10 @@ class Config:
     # first.
     fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", False))
     linear_cross_entropy_chunk_bytes: int = 256 << 20
+    # SDPA forwards with few query rows per key/value head (a decoding step) run as the backend's own kernels
+    # where it has them (lowering/short_attention.py); False: the fused ATen op eager picked.
+    short_query_attention: bool = dataclasses.field(
+        default_factory=lambda: _env_bool("EMBER_SHORT_QUERY_ATTENTION", True))
     # Extra FX passes users add; each is a callable(torch.fx.GraphModule) -> None (mutates in place).
     pre_grad_passes: list = dataclasses.field(default_factory=list)
     joint_passes: list = dataclasses.field(default_factory=list)

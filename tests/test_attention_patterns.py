@@ -44,7 +44,10 @@ def assert_rewritten(graphs, training: bool, count: int = 1):
     assert aten.bmm.default not in targets, "a batched matmul is left"
     fused = [t for t in targets if getattr(t, "overloadpacket", None) in FUSED_ATTENTION]
     assert len(fused) == count * (2 if training else 1), fused
-    assert all(str(t) in ember.metrics.fallbacks for t in fused), "the fused kernel did not run as an ATen call"
+    # an inference call with few queries per key/value head runs as ember's own kernel instead
+    ours = ember.metrics.short_attention_kernels
+    assert all(str(t) in ember.metrics.fallbacks for t in fused) or not training and ours == len(fused), \
+        "the fused kernel ran neither as an ATen call nor as ember's kernel"
 
 
 def assert_not_rewritten(graphs):

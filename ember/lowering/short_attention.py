@@ -8,8 +8,8 @@ each head, and with one query per head most of the tile is empty: on an H100 cuD
 a decoding step's attention over 200 keys. Covered: inference (only the output is read: no logsumexp for
 a backward), no dropout, static sizes, float32/float16/bfloat16, query heads a multiple of the key/value
 heads (GQA) with at most MAX_ROWS query rows per key/value head, head dims up to 256, an additive or boolean
-mask broadcast over batch, heads or queries, and `is_causal`. Anything else raises Unsupported and runs the
-ATen op.
+mask broadcast over batch, heads or queries, and `is_causal`. Anything else, or
+`ember.config.short_query_attention = False`, raises Unsupported and runs the ATen op.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import operator
 import torch
 
 from .. import metrics, state
+from ..config import config
 from ..device import backend_for
 from ..ir.kernel_call import ShortQueryAttentionSpec
 from ..ir.nodes import Layout
@@ -51,7 +52,7 @@ def _only_output_read(node) -> bool:
 
 def _short_attention(query, key, value, bias, dropout_p, is_causal, scale):
     backend = backend_for(query.get_device())
-    launches_for = backend.short_query_attention_launches
+    launches_for = backend.short_query_attention_launches if config.short_query_attention else None
     graph = state.current_graph()
     node = graph.current_node
     val = node.meta.get("val") if node is not None else None
