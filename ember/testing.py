@@ -7,6 +7,13 @@ import torch
 import torch.utils._pytree as pytree
 
 
+def eager_fuses_sdpa(*args, **kwargs) -> bool:
+    """Whether eager runs a fused kernel (not the math form) for these scaled_dot_product_attention
+    arguments: on a GPU, float32 with grouped heads, for one, runs the math form."""
+    from torch.nn.attention import SDPBackend
+    return torch._fused_sdp_choice(*args, **kwargs) != SDPBackend.MATH.value
+
+
 def default_tol(dtype):
     return {torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2), torch.float32: (1e-4, 1e-5),
             torch.float64: (1e-7, 1e-7)}.get(dtype, (0, 0))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.graph.decompose import FUSED_ATTENTION, decomposition_table
-from ember.testing import check
+from ember.testing import check, eager_fuses_sdpa
 
 aten = torch.ops.aten
 B, H, L, D = 2, 4, 8, 16
@@ -92,7 +92,7 @@ def test_sdpa_stays_fused(case, training, device, graphs):
     with torch.set_grad_enabled(training):
         check(fn, *args, grad=training)
     # on a GPU, eager itself runs GQA in the math form when no fused kernel takes it: ember does the same
-    if case != "gqa" or _eager_fuses(*args, enable_gqa=True):
+    if case != "gqa" or eager_fuses_sdpa(*args, enable_gqa=True):
         assert_fused(graphs, training)
 
 
@@ -147,11 +147,6 @@ def test_sdpa_mask_that_depends_on_an_input_is_kept(device):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=(keep[:, None, None, :] > 0.5))
     check(fn, *qkv(device), torch.ones(B, L, device=device))
     assert ember.metrics.sdpa_masks_dropped == 0
-
-
-def _eager_fuses(q, k, v, **kwargs) -> bool:
-    from torch.nn.attention import SDPBackend
-    return torch._fused_sdp_choice(q, k, v, **kwargs) != SDPBackend.MATH.value
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["infer", "train"])

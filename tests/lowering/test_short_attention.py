@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ember
-from ember.testing import assert_close, fresh_compile
+from ember.testing import assert_close, eager_fuses_sdpa, fresh_compile
 
 F = torch.nn.functional
 
@@ -18,13 +18,6 @@ def _kernels_expected(device) -> bool:
 
 def _tol(dtype):
     return (2e-2, 2e-2) if dtype == torch.bfloat16 else (1e-4, 1e-5)
-
-
-def _eager_fuses(*args, **kwargs) -> bool:
-    """Whether eager runs a fused kernel for these SDPA arguments (on a GPU, float32 with grouped heads runs
-    the math form, which ember's graph then holds as batched matmuls too)."""
-    from torch.nn.attention import SDPBackend
-    return torch._fused_sdp_choice(*args, **kwargs) != SDPBackend.MATH.value
 
 
 def _run(device, fn, *args, dtype=torch.float32, kernels=True):
@@ -62,7 +55,7 @@ def test_decode_step_with_grouped_heads_and_a_boolean_mask(device, dtype):
     def step(q, k, v, keep):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[None, None, None], enable_gqa=True)
     _run(device, step, q, k, v, keep, dtype=dtype,
-         kernels=_eager_fuses(q, k, v, attn_mask=keep[None, None, None], enable_gqa=True) or None)
+         kernels=eager_fuses_sdpa(q, k, v, attn_mask=keep[None, None, None], enable_gqa=True) or None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -72,7 +65,7 @@ def test_additive_mask_per_batch_over_keys_walked_in_splits(device, dtype):
     q, k, v = _qkv(device, 2, 4, 2, 3, 300, 40, dtype)
     bias = torch.randn(2, 1, 3, 300, device=device, dtype=dtype)
     _run(device, lambda q, k, v, bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True),
-         q, k, v, bias, dtype=dtype, kernels=_eager_fuses(q, k, v, attn_mask=bias, enable_gqa=True) or None)
+         q, k, v, bias, dtype=dtype, kernels=eager_fuses_sdpa(q, k, v, attn_mask=bias, enable_gqa=True) or None)
 
 
 def test_causal_with_fewer_queries_than_keys(device):
@@ -142,6 +135,6 @@ def test_the_same_call_in_every_layer_is_one_kernel(device):
     def two_layers(q, k1, v1, k2, v2):
         o = F.scaled_dot_product_attention(q, k1, v1, enable_gqa=True)
         return F.scaled_dot_product_attention(o * 2, k2, v2, enable_gqa=True)
-    _run(device, two_layers, q, k1, v1, k2, v2, kernels=_eager_fuses(q, k1, v1, enable_gqa=True) or None)
+    _run(device, two_layers, q, k1, v1, k2, v2, kernels=eager_fuses_sdpa(q, k1, v1, enable_gqa=True) or None)
     if _kernels_expected(device) and ember.metrics.short_attention_kernels:
         assert ember.metrics.short_attention_kernels == 2 and ember.metrics.generated_kernel_count <= 2
