@@ -267,7 +267,8 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
 
         with profile.stage("scheduling/fusion"):
             nodes = build_nodes(lowering.buffers)
-            groups = Fusion(nodes, _nbytes(lowering)).run()
+            seeds = {b.get_name() for b in lowering.buffers if b.elements_vary}
+            groups = Fusion(nodes, _nbytes(lowering), seeds).run()
             if config.overlap_collectives:
                 groups = overlap_collectives(groups)
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))

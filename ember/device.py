@@ -55,6 +55,9 @@ class KernelBackend:
     # the device's convolution library (cuDNN, oneDNN) runs 2-D convolutions fastest channels-last: plan
     # conv-heavy graphs so (graph/passes/conv_layout.py)
     channels_last_convolutions: bool = False
+    # a load of a constant element of a buffer whose `elements_vary` (ir/nodes.py) takes the element's position
+    # as a launch argument, not as a literal of the source: kernels that differ only there are one kernel
+    element_arguments: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
     # FlexAttention's kernels: a method taking an ir.kernel_call.FlexAttentionSpec and returning (extra input

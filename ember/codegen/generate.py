@@ -15,6 +15,9 @@ class GeneratedKernel:
     call: CallKernel
     stored: set           # buffer names the kernel writes to memory
     source: str
+    # (buffer name, position) of each element whose position the call passes, in parameter order (they
+    # follow the pointers in the call's arguments)
+    elements: tuple = ()
 
 
 def generate_kernel(make):
@@ -30,12 +33,14 @@ def generate_kernel(make):
 
 
 def kernel_call_args(k) -> list:
-    """The wrapper's arguments for a kernel: buffer pointers, xnumel, rnumel, then size symbols."""
-    args = [Name(buf) for _, buf in k.args.call_order()] + [k.X] + ([k.R] if k.has_rdim else [])
+    """The wrapper's arguments for a kernel: buffer pointers, element positions, xnumel, rnumel, then size
+    symbols."""
+    args = [Name(buf) for _, buf in k.args.call_order()] + [sympy.Integer(p) for _, p in k.args.elements]
+    args += [k.X] + ([k.R] if k.has_rdim else [])
     return args + [sympy.Symbol(s) for s in k.args.sizes.values()]
 
 
 def kernel_signature(k) -> KernelSignature:
     """The parameters that kernel_call_args fills, by name."""
-    sizes = ["xnumel"] + (["rnumel"] if k.has_rdim else []) + list(k.args.sizes.values())
-    return KernelSignature(tuple(p for p, _ in k.args.call_order()), tuple(sizes))
+    ints = list(k.args.elements.values()) + ["xnumel"] + (["rnumel"] if k.has_rdim else [])
+    return KernelSignature(tuple(p for p, _ in k.args.call_order()), tuple(ints + list(k.args.sizes.values())))

@@ -145,11 +145,13 @@ def print_index(expr) -> str:
 
 
 class ArgRegistry:
-    """Kernel arguments: pointers for buffers (in_ptr / out_ptr / in_out_ptr) then size symbols."""
+    """Kernel arguments: pointers for buffers (in_ptr / out_ptr / in_out_ptr), positions of elements read as
+    arguments (`element`), then size symbols."""
 
     def __init__(self):
         self.inputs: dict[str, str] = {}
         self.outputs: dict[str, str] = {}
+        self.elements: dict[tuple, str] = {}       # (buffer name, position) -> parameter
         self.sizes: dict[sympy.Symbol, str] = {}
         self._count = {"in_ptr": 0, "out_ptr": 0, "in_out_ptr": 0}
 
@@ -172,6 +174,10 @@ class ArgRegistry:
         if name not in self.outputs:
             self.outputs[name] = self._new("out_ptr")
         return self.outputs[name]
+
+    def element(self, name: str, position: int) -> str:
+        """The parameter holding `position`, for a load of that element of `name` (Buffer.elements_vary)."""
+        return self.elements.setdefault((name, position), f"elem{len(self.elements)}")
 
     def size(self, sym: sympy.Symbol) -> str:
         self.sizes.setdefault(sym, str(sym))

@@ -153,11 +153,10 @@ class ProgramBuilder:
         # a group whose kernel IR matches an earlier group's but for the buffers it touches (the same layer,
         # repeated) launches that group's kernel with its own buffers, instead of generating, compiling,
         # tuning and loading another copy
-        structure = group_structure(group, self.g, local, backend.name)
+        structure = group_structure(group, self.g, local, backend)
         earlier = self.defined.get(structure.key) if structure is not None else None
-        if earlier is not None:
-            gen = _relaunch(*earlier, structure)
-        else:
+        gen = _relaunch(*earlier, structure) if earlier is not None else None
+        if gen is None:
             gen = backend.generate(name, group, self.g, local)
             if structure is not None:
                 self.defined[structure.key] = (gen, structure)
@@ -292,12 +291,21 @@ class ProgramBuilder:
         return o
 
 
-def _relaunch(gen: GeneratedKernel, structure: GroupStructure, mine: GroupStructure) -> GeneratedKernel:
-    """An earlier group's kernel, called with the buffers of a group of the same structure."""
+def _relaunch(gen: GeneratedKernel, structure: GroupStructure, mine: GroupStructure) -> Optional[GeneratedKernel]:
+    """An earlier group's kernel, called with the buffers (and element positions) of a group of the same
+    structure; None if the kernel has a position of the earlier group's as a literal where this group's
+    differs (a template's epilogue)."""
     rename = dict(zip(structure.buffers, mine.buffers))
+    element = dict(zip(structure.elements, mine.elements))
+    if set(gen.elements) != set(structure.elements) and \
+            any(p != q for (_, p), (_, q) in element.items()):
+        return None
     args = [Name(rename[a]) if isinstance(a, Name) else a for a in gen.call.args]
+    first = len(gen.define.signature.pointers) if gen.elements else 0
+    for i, e in enumerate(gen.elements):
+        args[first + i] = sympy.Integer(element[e][1])
     call = CallKernel(gen.call.name, args, gen.call.grid, gen.call.meta)
-    return GeneratedKernel(gen.define, call, {rename[s] for s in gen.stored}, gen.source)
+    return GeneratedKernel(gen.define, call, {rename[s] for s in gen.stored}, gen.source, gen.elements)
 
 
 def _aliases_nothing(buf) -> bool:

@@ -163,6 +163,11 @@ class Scan(Loops):
 # --- memory ------------------------------------------------------------------------------------------
 
 class Buffer(IRNode):
+    # kernels read single elements of this buffer at constant positions, the one thing that differs between
+    # otherwise identical kernels (a seed per random op, lowering/random.py): a kernel backend with
+    # `element_arguments` takes such a position as a launch argument, so repeated layers share one kernel
+    elements_vary = False
+
     def __init__(self, name: Optional[str], layout: Optional[Layout]):
         self.name = name
         self.layout = layout

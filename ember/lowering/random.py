@@ -36,7 +36,9 @@ _NARROW_BITS = {torch.float16: 11, torch.bfloat16: 8}
 
 class SeedsBuffer(ExternKernel):
     """`aten.randint(0, 2**63 - 1, [n], dtype=int64, device=d)`: one fresh seed per random op of the
-    graph on device d, drawn from d's default generator each time the graph runs."""
+    graph on device d, drawn from d's default generator each time the graph runs. Kernels read one seed
+    each, at its op's position: the position is all that differs between two layers' dropout kernels."""
+    elements_vary = True
 
     def __init__(self, device: torch.device):
         super().__init__(None, None, aten.randint.low, [], {"dtype": torch.int64, "device": device})

@@ -108,8 +108,11 @@ def build_nodes(buffers) -> list[SchedulerNode]:
 
 
 class Fusion:
-    def __init__(self, nodes: list[SchedulerNode], nbytes):
+    def __init__(self, nodes: list[SchedulerNode], nbytes, varying=frozenset()):
         self.nbytes = nbytes          # storage name -> bytes, for scoring
+        # storages read one element at a time, each element by its own op (Buffer.elements_vary: the seeds
+        # of random ops): reading the same one saves no bytes, reading the same element saves a draw
+        self.varying = frozenset(varying)
         self.group_of: dict[SchedulerNode, FusedGroup] = {}
         self.groups: list[FusedGroup] = []
         for n in nodes:
@@ -231,10 +234,25 @@ class Fusion:
     def score(self, a: FusedGroup, b: FusedGroup) -> int:
         shared = (a.writes & b.reads) | (b.writes & a.reads)
         vertical = sum(self.nbytes(s) for s in shared)
-        horizontal = sum(self.nbytes(s) for s in (a.reads & b.reads))
+        horizontal = sum(self.nbytes(s) for s in (a.reads & b.reads) - self.varying) + self._shared_draws(a, b)
         if not config.horizontal_fusion and not shared:
             return 0
         return 2 * vertical + horizontal
+
+    def _shared_draws(self, a: FusedGroup, b: FusedGroup) -> int:
+        """What fusing saves of random draws: a seed both groups read (a random op's values computed in both:
+        dropout's output and the mask saved for the backward) is drawn once in one kernel, scored as a
+        float32 read over the smaller iteration space. Groups that read only other seeds of the same buffer
+        share nothing (counted as sharing the buffer, every layer's dropout mask was drawn in the first
+        layer's kernel, and the later layers read their masks back from memory)."""
+        common = self.varying & a.reads & b.reads
+        if not common:
+            return 0
+
+        def seeds(g):
+            return {(d.name, d.index) for n in g.nodes for d in n.read_deps if d.name in common}
+        drawn = len(seeds(a) & seeds(b))
+        return drawn * 4 * min(hint(g.group[0]) * hint(g.group[1]) for g in (a, b))
 
     # -- the loop --------------------------------------------------------------------------------------
 

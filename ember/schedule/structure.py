@@ -8,6 +8,11 @@ first appearance in the group. Everything else that kernel generation reads goes
 iteration space, each node's ranges, and per buffer its dtype, layout and whether it is kernel-local
 (never stored). Anything the recorder does not know how to write down makes the group unkeyed (None):
 such a group always gets a kernel of its own.
+
+For a backend that takes element positions as launch arguments (`KernelBackend.element_arguments`), a load
+of a constant element of a buffer whose elements vary (a random op's seed) is keyed by which element of the
+group it is, not by its position: the layers' dropout kernels share one key, and `elements` lists the
+positions each group passes.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from ..ir.ops import DefaultHandler, handler
 class GroupStructure:
     key: tuple               # hashable: equal keys generate equal kernels but for buffer names
     buffers: tuple           # buffer names in canonical order (the order the key numbers them)
+    elements: tuple = ()     # (buffer name, position) of each element keyed by its order, in that order
 
 
 class _Unkeyable(Exception):
@@ -42,9 +48,11 @@ class _Value:
 
 
 class _StructureRecorder(DefaultHandler):
-    def __init__(self):
+    def __init__(self, varying=lambda name: False):
         self.trace: list = []
         self.buffers: dict[str, int] = {}
+        self.elements: dict[tuple, int] = {}     # (buffer name, position) -> order of first load
+        self._varying = varying                  # buffer name -> whether its element positions are keyed by order
         self._indirect = 0
 
     def buffer(self, name: str) -> tuple:
@@ -55,6 +63,9 @@ class _StructureRecorder(DefaultHandler):
         return _Value(len(self.trace) - 1)
 
     def load(self, name, index):
+        if isinstance(index, sympy.Integer) and self._varying(name):
+            element = self.elements.setdefault((name, int(index)), len(self.elements))
+            return self._default("load", (self.buffer(name), ("element", element)), {})
         return self._default("load", (self.buffer(name), index), {})
 
     def store(self, name, index, value, mode=None):
@@ -88,9 +99,10 @@ def _norm(x):
     raise _Unkeyable(type(x).__name__)
 
 
-def group_structure(group, graph, local: set, backend_name: str) -> Optional[GroupStructure]:
+def group_structure(group, graph, local: set, backend) -> Optional[GroupStructure]:
     """The structural key of a kernel group (None: the group has something the recorder cannot key)."""
-    rec = _StructureRecorder()
+    rec = _StructureRecorder((lambda name: getattr(graph.get_buffer(name), "elements_vary", False))
+                             if backend.element_arguments else (lambda name: False))
     nodes = []
     try:
         with handler(rec):
@@ -100,11 +112,11 @@ def group_structure(group, graph, local: set, backend_name: str) -> Optional[Gro
                 nodes.append((type(node.buf.data).__name__, _norm(node.ranges), _norm(node.rranges)))
         buffers = tuple(rec.buffers)
         layouts = tuple(_buffer_facts(graph, name, name in local) for name in buffers)
-        key = (backend_name, str(group.device()), _norm(group.group), tuple(nodes), tuple(rec.trace), layouts)
+        key = (backend.name, str(group.device()), _norm(group.group), tuple(nodes), tuple(rec.trace), layouts)
         hash(key)
     except _Unkeyable:
         return None
-    return GroupStructure(key, buffers)
+    return GroupStructure(key, buffers, tuple(rec.elements))
 
 
 def _buffer_facts(graph, name: str, local: bool) -> tuple:

@@ -258,3 +258,39 @@ def test_cpp_and_triton_backends_agree(device):
     # Box-Muller's log and cos may round differently in libm and numpy
     torch.testing.assert_close(normal[0], normal[1], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(scalar[0], scalar[1])
+
+
+# --- repeated layers: one kernel, a seed each ---------------------------------------------------------------
+
+def test_repeated_dropout_layers_share_a_kernel_and_draw_their_own_masks(device):
+    """Layers that differ only in which seed their dropout reads are one kernel on a backend that passes the
+    seed's position at launch (KernelBackend.element_arguments), launched with each layer's position: the
+    masks differ between layers, and each layer's output is its input through its own mask."""
+    import re
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from ember.device import backend_for
+    p = 0.3
+
+    def layers(x, w0, w1, w2, w3):
+        outs = []
+        for w in (w0, w1, w2, w3):
+            h = torch.relu(x @ w)
+            x, keep = torch.ops.aten.native_dropout(h, p, True)
+            outs += [h, x, keep]
+        return outs
+    args = [torch.randn(64, 96, device=device)] + [torch.randn(96, 96, device=device) / 10 for _ in range(4)]
+    compiled = ember.compile_graph(make_fx(layers)(*args), args)
+    outs = compiled(list(args))
+    defined = set(re.findall(r"\b(kernel\d+)(?:_site\d+)?\b", compiled.source))
+    assert ember.metrics.generated_kernel_count == 4
+    # the first three layers share one kernel (the last numbers its pointers another way: its input is a
+    # graph output)
+    assert len(defined) == (2 if backend_for(args[0].device).element_arguments else 4), compiled.source
+    masks = []
+    for h, x, keep in zip(outs[0::3], outs[1::3], outs[2::3]):
+        assert_fraction(keep, 1 - p)
+        torch.testing.assert_close(x, torch.where(keep, h / (1 - p), torch.zeros_like(h)))
+        masks.append(keep)
+    for i in range(4):
+        for j in range(i):
+            assert not torch.equal(masks[i], masks[j]), (i, j)

@@ -45,6 +45,7 @@ class TritonBackend(KernelBackend):
     reads_rows_online = True
     tiling = DEFAULT_TILING
     gemm_templates = True
+    element_arguments = True
 
     def __init__(self, interpret: bool):
         self.interpreted = interpret
@@ -91,13 +92,14 @@ class TritonBackend(KernelBackend):
         tuning = self._tuning(k, meta)
         warm = self._warm(graph, args, tuning.configs if tuning else [meta])
         define = DefineKernel(name, source, self, tuning, warm, group.device(), kernel_signature(k))
+        elements = tuple(k.args.elements)
         if tuning:
-            return GeneratedKernel(define, CallKernel(name, args, None, {}), stored, source)
+            return GeneratedKernel(define, CallKernel(name, args, None, {}), stored, source, elements)
         xblock = meta["XBLOCK"]
         grid = [FloorDiv(k.X + xblock - 1, sympy.Integer(xblock))]
         if k.tiled:
             grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
-        return GeneratedKernel(define, CallKernel(name, args, grid, meta), stored, source)
+        return GeneratedKernel(define, CallKernel(name, args, grid, meta), stored, source, elements)
 
     def _warm(self, graph, args, configs):
         if not self.precompiles:
@@ -107,16 +109,17 @@ class TritonBackend(KernelBackend):
     def _tuning(self, k, meta):
         ptrs = k.args.call_order()
         written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+        xnumel_arg = len(ptrs) + len(k.args.elements)
         if k.rblock_at_launch:
             # RBLOCK must cover the row the launch passes: the launcher picks the config per size class
             configs_for = row_sized_configs(k, self.tunes)
-            return KernelTuning(configs_for(hint(k.X), hint(k.R)), len(ptrs), k.tiled, written, configs_for)
+            return KernelTuning(configs_for(hint(k.X), hint(k.R)), xnumel_arg, k.tiled, written, configs_for)
         if not self.tunes:
             return None
         configs = candidate_configs(k, meta)
         if len(configs) < 2:
             return None
-        return KernelTuning(configs, len(ptrs), k.tiled, written)
+        return KernelTuning(configs, xnumel_arg, k.tiled, written)
 
     def choose_products(self, specs, device):
         """{ProductSpec: the template's launch config, or None for the library call}, by timing each

@@ -102,6 +102,8 @@ def _fit(block: int, size: int) -> int:
 
 class TemplateKernel(TritonKernel):
     """The template's main loop, then the fused group's other nodes on its output tile."""
+    # its call passes pointers only: a random op's seed position in an epilogue stays a literal
+    element_arguments = False
 
     def __init__(self, name, group, graph, local, even_k: bool, interpreted: bool, materialize=frozenset()):
         super().__init__(name, group, graph, local, materialize)

@@ -34,6 +34,9 @@ _SCAN_FNS = {"add": "helpers.add", "mul": "helpers.prod", "logaddexp": "helpers.
 
 
 class TritonKernel(TritonSpelling, SectionedKernel):
+    # positions of elements that vary between otherwise identical kernels are parameters (Buffer.elements_vary)
+    element_arguments = True
+
     def __init__(self, name: str, group, graph, local: set, materialize: set = frozenset(), tiling=None):
         self.name = name
         self.group = tiling or group.group
@@ -117,6 +120,15 @@ class TritonKernel(TritonSpelling, SectionedKernel):
         kind = widest_kind(*kinds)
         return print_index(index), ("scalar" if kind == "const" else kind)
 
+    def _element(self, name: str, index) -> Optional[tuple[str, str]]:
+        """(the parameter holding the position, "scalar") for a load of a constant element of a buffer whose
+        elements vary between otherwise identical kernels (a random op's seed); None for any other load."""
+        index = sympy.sympify(index)
+        if not (self.element_arguments and index.is_Integer and
+                getattr(self.graph.get_buffer(name), "elements_vary", False)):
+            return None
+        return self.args.element(name, int(index)), "scalar"
+
     def mask(self, kind: str) -> Optional[str]:
         if kind == "xr":
             return "xmask & rmask"
@@ -127,7 +139,7 @@ class TritonKernel(TritonSpelling, SectionedKernel):
     # -- memory ops ------------------------------------------------------------------------------------
 
     def load(self, name: str, index):
-        idx, kind = self.index_str(index)
+        idx, kind = self._element(name, index) or self.index_str(index)
         fwd = self.stored.get(name, {}).get(idx)
         if fwd is not None and self._visible(fwd):
             return fwd
@@ -360,7 +372,7 @@ class TritonKernel(TritonSpelling, SectionedKernel):
     # -- source ----------------------------------------------------------------------------------------
 
     def signature(self) -> list[str]:
-        params = [p for p, _ in self.args.call_order()]
+        params = [p for p, _ in self.args.call_order()] + list(self.args.elements.values())
         params.append("xnumel")
         if self.has_rdim:
             params.append("rnumel")
@@ -381,7 +393,11 @@ class TritonKernel(TritonSpelling, SectionedKernel):
         consts = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.has_rdim else [])
         if self.has_loop():
             consts.append("RSTAGES: tl.constexpr")
-        lines = ["@triton.jit", f"def {self.name}({', '.join(self.signature() + consts)}):"]
+        # an element's position is not specialized on (Triton would for 1 and multiples of 16): one binary
+        # serves every position
+        jit = "@triton.jit" if not self.args.elements else \
+            f"@triton.jit(do_not_specialize={list(self.args.elements.values())!r})"
+        lines = [jit, f"def {self.name}({', '.join(self.signature() + consts)}):"]
         body = []
         pid = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
         body.append(f"xoffset = {pid} * XBLOCK")
