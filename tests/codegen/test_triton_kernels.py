@@ -180,3 +180,21 @@ def test_a_transposing_copy_through_views_of_views_is_tiled(device):
         out, = compiled([k])
     torch.testing.assert_close(out, f(k))
     assert len(re.findall(r"XBLOCK ?= ?\d+, RBLOCK ?= ?\d+", compiled.source)) == 1      # one kernel, tiled
+
+
+def test_reductions_time_a_few_candidates_each_within_the_registers():
+    """Each tuned reduction times its heuristic's config and at most three more (each a Triton compile):
+    never the faulting strided config, at most 1024 elements a warp (no spilled registers) where 16 warps
+    allow it, and at least one element a thread."""
+    from ember.codegen.triton import heuristics
+    assert len(heuristics.TUNED_COLUMN_CONFIGS) <= 3
+    assert heuristics.FAULTING_COLUMN_CONFIG not in heuristics.TUNED_COLUMN_CONFIGS
+    for X, R in ((8192, 1024), (8192, 768), (524288, 16), (100000, 128), (64, 4096), (3, 2048), (8192, 8192)):
+        rblock = heuristics.next_pow2(R)
+        cands = heuristics._persistent_candidates(X, rblock, scan=False)
+        assert 1 <= len(cands) <= 3
+        for c in cands:
+            n = c["XBLOCK"] * c["RBLOCK"]
+            assert c["RBLOCK"] == rblock and c["XBLOCK"] <= heuristics.next_pow2(X)
+            assert 1 <= c["num_warps"] <= 16 and n // c["num_warps"] <= max(1024, n // 16)
+            assert c["num_warps"] * 32 <= max(32, n)

@@ -97,6 +97,10 @@ def launch_config(kernel) -> dict:
 # need their own launch configs"; `python -m experiments.column_reduction_probe`): a program per 16 columns
 # keeps 4x more programs in flight, and 4096 elements a step keep each one's loads long enough.
 LOOPED_COLUMN_CONFIGS = ((16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8))
+# The ones timed against the first: over the six anchor models' steps (inference and training, H100), these
+# three beside it came within 0.12 ms, summed over all twelve steps, of timing all six; each candidate is a
+# compile (`python -m experiments.tuning_choice_probe`)
+TUNED_COLUMN_CONFIGS = ((8, 512, 8), (16, 128, 4), (32, 256, 8))
 # Never launched for a strided reduction, even where a short row clamps (64, 64, 8) to it: ConvNeXt's
 # LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) fault
 # with "misaligned address" there under Triton 3.6 on H100 and H200 GPUs, reproduced standalone by
@@ -174,20 +178,27 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w, "RSTAGES": st}
                  for xb, rb, w, st in shapes if rb <= max(next_pow2(R), 1024)]
     else:
-        cands = [c for c in (_looped_column_config(X, R, *c) for c in LOOPED_COLUMN_CONFIGS)
+        cands = [c for c in (_looped_column_config(X, R, *c) for c in TUNED_COLUMN_CONFIGS)
                  if (c["XBLOCK"], c["RBLOCK"], c["num_warps"]) != FAULTING_COLUMN_CONFIG]
     return _first_eight(best, cands)
 
 
+# Persistent reductions' candidates beside the heuristic's: (elements of a program's block, warps). Over the
+# six anchor models' steps (H100), these three came within 0.12 ms, summed over all twelve steps, of timing
+# blocks of 1 to 32 rows at 256, 512 and 1024 elements per warp (eight candidates a kernel, each a compile;
+# `python -m experiments.tuning_choice_probe`). Most winners ran fewer warps than the heuristic gives.
+PERSISTENT_TUNED_BLOCKS = ((1024, 1), (1024, 4), (2048, 8))
+
+
 def _persistent_candidates(X: int, rblock: int, scan: bool) -> list[dict]:
     cands = []
-    for xb in (1, 2, 4, 8, 16, 32):
-        n = xb * rblock
-        if n > (SCAN_BLOCK_MAX if scan else 32768) or xb > next_pow2(X):
+    for n, w in PERSISTENT_TUNED_BLOCKS:
+        xb = min(max(1, n // rblock), next_pow2(X))
+        if xb * rblock > (SCAN_BLOCK_MAX if scan else 32768):
             continue
-        for w in (max(1, n // 1024), max(1, n // 512), max(1, n // 256)):
-            if w <= 16:
-                cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": w})
+        n = xb * rblock
+        # at most 1024 elements a warp (longer rows would spill registers), at least one per thread
+        cands.append({"XBLOCK": xb, "RBLOCK": rblock, "num_warps": max(1, min(max(w, n // 1024), n // 32, 16))})
     return cands
 
 
