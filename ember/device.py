@@ -75,6 +75,10 @@ class KernelBackend:
         reduced along a strided dim. (0, 0): never split."""
         return (0, 0)
 
+    def prepare(self) -> None:
+        """A graph with tensors on this backend's device is about to be traced and compiled: start what takes
+        long to boot (compile workers), so that it boots while AOTAutograd traces."""
+
     # -- code ---------------------------------------------------------------------------------------------
     def generate(self, name: str, group, graph, local: set):
         """One fused group -> a codegen.generate.GeneratedKernel (its DefineKernel and CallKernel lines)."""

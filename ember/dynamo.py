@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -11,11 +12,13 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import config, metrics
 from .compile_graph import CompiledGraph, compile_graph
-from .device import check_backend_settings
+from .device import backend_for, check_backend_settings
 from .graph.decompose import LazyTable
 from .graph.passes import joint, pre_grad
 from .runtime import whole_graph_cache
 from .runtime.gc_pause import gc_paused
+
+log = logging.getLogger("ember")
 
 
 def _partition(joint_gm, joint_inputs, **kwargs):
@@ -73,6 +76,17 @@ def _with_settings(compiler, settings: dict):
     return compile_with_settings
 
 
+def _prepare_backends(example_inputs) -> None:
+    """The kernel backends of the inputs' devices get ready to compile (AOTAutograd starts its trace: a miss
+    of its cache)."""
+    devices = {x.device for x in example_inputs if isinstance(x, torch.Tensor)}
+    for d in sorted(devices, key=str):
+        try:
+            backend_for(d).prepare()
+        except Exception as e:    # noqa: BLE001 - a device without a backend is reported where it compiles
+            log.debug("ember: no backend prepared for %s: %s", d, e)
+
+
 def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
     gm = pre_grad.run(gm)
     inference = _InferenceCompiler(len(example_inputs), cudagraphs)
@@ -91,7 +105,7 @@ def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         partition_fn=_partition,
-        decompositions=LazyTable(),
+        decompositions=LazyTable(functools.partial(_prepare_backends, example_inputs)),
         keep_inference_input_mutations=True,
     )
     with whole_graph_cache.lookup_and_store(key_tag) if key_tag is not None else contextlib.nullcontext([]) as loaded:

@@ -27,3 +27,14 @@ def test_a_kept_op_lowered_after_the_table_was_built_is_an_error():
     with pytest.raises(RuntimeError, match="after the decomposition table was built"):
         decompose.publish_lowered(aten.var.default)
     assert aten.var.default not in decompose._lowered_ops
+
+
+def test_the_lazy_table_tells_its_first_use_once():
+    """AOTAutograd reads the table only when it traces (a miss of its cache): its first use is when ember's
+    backends start booting what compiling needs (KernelBackend.prepare), once."""
+    calls = []
+    table = decompose.LazyTable(lambda: calls.append(1))
+    assert calls == []
+    op = next(iter(table))
+    assert table[op] is decompose.decomposition_table()[op] and len(table) == len(decompose.decomposition_table())
+    assert calls == [1]

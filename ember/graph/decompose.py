@@ -100,16 +100,25 @@ def decomposition_table() -> dict:
 class LazyTable(collections.abc.Mapping):
     """decomposition_table(), built at its first use: AOTAutograd reads its decompositions only when it
     traces, which a warm start loading the whole graph from its cache never does (building the table
-    imports and scans torch's decompositions)."""
+    imports and scans torch's decompositions). `on_first_use` runs then too: the graph is being compiled."""
+
+    def __init__(self, on_first_use=None):
+        self._on_first_use = on_first_use
+
+    def _table(self) -> dict:
+        if self._on_first_use is not None:
+            first, self._on_first_use = self._on_first_use, None
+            first()
+        return decomposition_table()
 
     def __getitem__(self, op):
-        return decomposition_table()[op]
+        return self._table()[op]
 
     def __iter__(self):
-        return iter(decomposition_table())
+        return iter(self._table())
 
     def __len__(self) -> int:
-        return len(decomposition_table())
+        return len(self._table())
 
 
 def needs_decomposition(gm: torch.fx.GraphModule) -> bool:

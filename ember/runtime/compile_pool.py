@@ -8,8 +8,9 @@ processes (`compile_worker.py`), which run Triton's own warm-up with the argumen
 first launch computes. The launches then load binaries instead of compiling them. A worker that fails
 changes nothing but speed: the launch compiles the kernel itself and reports any error as before.
 
-Workers start when the first GPU graph is generated (`start()`), in the background, and live until
-exit. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
+Workers start when AOTAutograd begins to trace a graph with GPU tensors (`TritonBackend.prepare`), or at
+the latest when the first GPU kernel is generated (`start()`), in the background, and live until exit. Each
+imports torch and Triton's compiler before it says it is ready, so that boot overlaps the trace. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
 all compiled once leave a marker in ember's cache (named by the jobs, Triton's version and its cache
 directory): a later process loading the same kernels (a warm start from the graph cache) sends nothing
 and starts no workers.

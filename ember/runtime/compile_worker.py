@@ -104,9 +104,23 @@ class Worker:
                 build_launcher(kernel)
 
 
+def _preload() -> None:
+    """Import what every job needs (torch for the jobs' dtypes, Triton and its compiler: seconds) before
+    saying "ready": a pool started while AOTAutograd traces (KernelBackend.prepare) is then ready for its
+    first job, which would otherwise pay for the imports."""
+    try:
+        import torch  # noqa: F401
+        import triton.compiler.compiler  # noqa: F401
+        import triton.language  # noqa: F401
+        import triton.backends.nvidia.compiler  # noqa: F401
+    except ImportError:              # the job that needs it reports the error
+        pass
+
+
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr          # a stray print must not corrupt the answers
+    _preload()
     worker = Worker()
     _write(stdout, "ready")
     while True:

@@ -76,6 +76,12 @@ class TritonBackend(KernelBackend):
         """Record how each kernel will be launched (its WarmSpec), for the compile pool to build ahead."""
         return not self.interpreted
 
+    def prepare(self) -> None:
+        # the workers import torch and Triton, seconds each: they boot during AOTAutograd's trace
+        # and partition, not after the first kernel is generated
+        if not self.interpreted:
+            compile_pool.start()
+
     # -- code ---------------------------------------------------------------------------------------------
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:
