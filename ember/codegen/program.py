@@ -297,8 +297,8 @@ def _relaunch(gen: GeneratedKernel, structure: GroupStructure, mine: GroupStruct
     differs (a template's epilogue)."""
     rename = dict(zip(structure.buffers, mine.buffers))
     element = dict(zip(structure.elements, mine.elements))
-    if any(e not in element for e in gen.elements) or (set(gen.elements) != set(structure.elements) and
-                                                      any(p != q for (_, p), (_, q) in element.items())):
+    passed = set(gen.elements)           # the rest are literals of the kernel's source
+    if not passed <= element.keys() or any(old[1] != new[1] for old, new in element.items() if old not in passed):
         return None
     args = [Name(rename[a]) if isinstance(a, Name) else a for a in gen.call.args]
     first = len(gen.define.signature.pointers) if gen.elements else 0

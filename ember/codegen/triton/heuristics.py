@@ -91,16 +91,16 @@ def launch_config(kernel) -> dict:
     return _looped_column_config(X, R, *LOOPED_COLUMN_CONFIGS[0])
 
 
-# Launch configs of a reduction that loops along a strided dim, (columns, rows, warps) per program, best
-# first. Few columns and many rows per step run much closer to copy than (64, 32, 8) on column sums,
-# LayerNorm-style weight gradients and column softmax (docs/performance.md, "Strided (column) reductions
+# The configs timed against the heuristic's (below) for a reduction along a strided dim: over the six anchor
+# models' steps (inference and training, H100), these three beside it came within 0.12 ms, summed over all
+# twelve steps, of timing six; each candidate is a compile (`python -m experiments.tuning_choice_probe`)
+TUNED_COLUMN_CONFIGS = ((8, 512, 8), (16, 128, 4), (32, 256, 8))
+# Launch configs of a reduction that loops along a strided dim, (columns, rows, warps) per program, the
+# heuristic's first. Few columns and many rows per step run much closer to copy than (64, 32, 8) on column
+# sums, LayerNorm-style weight gradients and column softmax (docs/performance.md, "Strided (column) reductions
 # need their own launch configs"; `python -m experiments.column_reduction_probe`): a program per 16 columns
 # keeps 4x more programs in flight, and 4096 elements a step keep each one's loads long enough.
-LOOPED_COLUMN_CONFIGS = ((16, 256, 8), (32, 256, 8), (32, 128, 8), (8, 512, 8), (16, 128, 4), (64, 64, 8))
-# The ones timed against the first: over the six anchor models' steps (inference and training, H100), these
-# three beside it came within 0.12 ms, summed over all twelve steps, of timing all six; each candidate is a
-# compile (`python -m experiments.tuning_choice_probe`)
-TUNED_COLUMN_CONFIGS = ((8, 512, 8), (16, 128, 4), (32, 256, 8))
+LOOPED_COLUMN_CONFIGS = ((16, 256, 8),) + TUNED_COLUMN_CONFIGS
 # Never launched for a strided reduction, even where a short row clamps (64, 64, 8) to it: ConvNeXt's
 # LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) fault
 # with "misaligned address" there under Triton 3.6 on H100 and H200 GPUs, reproduced standalone by
