@@ -51,8 +51,10 @@ _loaded: contextvars.ContextVar = contextvars.ContextVar("ember_whole_graphs_loa
 
 
 try:
+    from torch._functorch._aot_autograd import autograd_cache
     from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache, BypassAOTAutogradCache
     from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
+    from torch._inductor import codecache
     from torch._inductor.output_code import OutputCode
     AVAILABLE = hasattr(torch.compiler.config, "cache_key_tag") and all(
         hasattr(AOTAutogradCache, name) for name in ("iterate_over_candidates", "_write_to_local_cache"))
@@ -103,20 +105,61 @@ def lookup_and_store(key_tag: str):
 
 @contextlib.contextmanager
 def _in_ember_cache():
-    """AOTAutograd's cache reads and writes its entries through ember's checked files while ember compiles
-    (torch's own files have no checksum, and `ember cache` would not see them)."""
-    names = {"iterate_over_candidates": classmethod(_candidates), "_write_to_local_cache": staticmethod(_write)}
-    own = {name: AOTAutogradCache.__dict__.get(name) for name in names}     # None: inherited
-    for name, replacement in names.items():
-        setattr(AOTAutogradCache, name, replacement)
+    """While ember compiles, AOTAutograd's cache reads and writes its entries through ember's checked files
+    (torch's own files have no checksum, and `ember cache` would not see them), and computes its key without
+    importing inductor's code generators (`_key_patches`)."""
+    patches = [(AOTAutogradCache, "iterate_over_candidates", classmethod(_candidates)),
+               (AOTAutogradCache, "_write_to_local_cache", staticmethod(_write))] + _key_patches()
+    own = [(owner, name, vars(owner).get(name)) for owner, name, _ in patches]      # None: inherited
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
-        for name, original in own.items():
+        for owner, name, original in own:
             if original is None:
-                delattr(AOTAutogradCache, name)
+                delattr(owner, name)
             else:
-                setattr(AOTAutogradCache, name, original)
+                setattr(owner, name, original)
+
+
+def _key_patches() -> list:
+    """AOTAutograd's cache key is inductor's FX-graph key. Computing it imports about 200 modules of inductor's
+    code generators that ember never runs: `init_backend_registration` registers inductor's device
+    backends so that their custom passes enter the key, and the user Triton kernels' sources are read with
+    a helper of inductor's wrapper codegen even when the graph calls none. The import costs 0.4 s with
+    compiled bytecode and 1.5 s without (a warm start of a small training step on the CPU), in a warm
+    start that is otherwise about 1.5 s. While ember compiles, the registration is left out of the key
+    (ember runs no inductor device pass; a process that registered them has them in its key, a miss), and
+    a graph without user Triton kernels gets its empty list of sources directly. Patched only where torch
+    has the functions named here; elsewhere the key is torch's as it stands."""
+    patches = []
+    if callable(getattr(codecache, "init_backend_registration", None)):
+        patches.append((codecache, "init_backend_registration", lambda: None))
+    details = getattr(autograd_cache, "AOTAutogradCacheDetails", None)
+    original = getattr(details, "get_triton_source_codes_from_gm", None)
+    if original is not None and callable(getattr(torch._library.triton, "get_triton_kernels_for_op", None)):
+        def triton_sources(self, gm):
+            return original(self, gm) if _calls_user_triton_kernels(gm) else []
+        patches.append((details, "get_triton_source_codes_from_gm", triton_sources))
+    return patches
+
+
+def _calls_user_triton_kernels(gm: torch.fx.GraphModule) -> bool:
+    """Whether a node of `gm` or of a graph inside it calls an op with user Triton kernels (`triton_op`), as
+    torch's reader of their sources looks for them."""
+    kernels_for = torch._library.triton.get_triton_kernels_for_op
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if isinstance(node.target, torch._ops.OpOverloadPacket):
+                overloads = (getattr(node.target, name, None) for name in node.target._dir)
+                if any(op is not None and kernels_for(op._name) for op in overloads):
+                    return True
+            elif isinstance(node.target, torch._ops.OpOverload) and kernels_for(node.target._name):
+                return True
+    return False
 
 
 def _path(key: str) -> str:

@@ -3,8 +3,8 @@ backward with ember, with the environment's cache directory, and writes what the
 
     python graph_cache_child.py OUT_PREFIX SEED
 
-OUT_PREFIX.json: ember's counters, the wrappers' sources, the largest difference from eager on fresh
-inputs drawn from SEED; OUT_PREFIX.pt: outputs and gradients on inputs every process draws alike."""
+OUT_PREFIX.json: ember's counters, the wrappers' sources, the modules of inductor the first step imported,
+the largest difference from eager on fresh inputs drawn from SEED; OUT_PREFIX.pt: outputs and gradients on inputs every process draws alike."""
 import json
 import sys
 
@@ -38,7 +38,9 @@ def main(prefix: str, seed: int) -> None:
     model = Block(d=32, n_head=2, seq=8)
     compiled = torch.compile(model, backend="ember")
     same = torch.randn(2, 8, 32)                  # every process's inputs
+    before = set(sys.modules)
     results = step(compiled, same)
+    imported = sorted(name for name in set(sys.modules) - before if name.startswith("torch._inductor"))
     torch.manual_seed(seed)
     fresh = torch.randn(2, 8, 32)                 # this process's own
     diff = max((a - e).abs().max().item() for a, e in zip(step(compiled, fresh), step(model, fresh)))
@@ -48,6 +50,7 @@ def main(prefix: str, seed: int) -> None:
         json.dump({"hits": ember.metrics.graph_cache_hits, "misses": ember.metrics.graph_cache_misses,
                    "compile_seconds": ember.metrics.compile_seconds, "graphs": ember.metrics.graphs_compiled,
                    "eager_fallbacks": ember.metrics.eager_fallbacks, "sources": sources,
+                   "whole_graph_hits": ember.metrics.whole_graph_hits, "inductor_modules_imported": imported,
                    "max_diff_from_eager": max(diff, diff_same)}, f)
 
 

@@ -165,3 +165,29 @@ def test_a_loaded_graph_that_fails_its_first_run_runs_eagerly(cache, monkeypatch
         got, want = _compiled_and_eager(x)
     assert_close(got, want)
     assert metrics.whole_graph_hits == 1 and metrics.eager_fallbacks == 2
+
+
+def test_the_key_reads_user_triton_kernels_only_where_the_graph_calls_them(monkeypatch):
+    """The key's user-Triton-kernel sources come from torch's own reader whenever a node calls such a kernel;
+    a graph without any gets the empty list torch would give, without importing inductor's wrapper codegen."""
+    from torch._functorch._aot_autograd import autograd_cache
+    from ember.runtime import whole_graph_cache
+    read = []
+    monkeypatch.setattr(autograd_cache.AOTAutogradCacheDetails, "get_triton_source_codes_from_gm",
+                        lambda self, gm: read.append(gm) or ["src"])
+    # a "user kernel" behind aten.sin alone
+    monkeypatch.setattr(torch._library.triton, "get_triton_kernels_for_op",
+                        lambda name: ["kernel"] if name == "aten::sin" else [])
+    replacement = {name: fn for _, name, fn in whole_graph_cache._key_patches()}["get_triton_source_codes_from_gm"]
+
+    def graph(op):
+        g = torch.fx.Graph()
+        g.output(g.call_function(op, (g.placeholder("x"),)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    outer = graph(torch.ops.aten.cos.default)
+    outer.inner = graph(torch.ops.aten.sin)                  # a packet, in a graph inside the graph
+    without, with_kernel = graph(torch.ops.aten.cos.default), graph(torch.ops.aten.sin.default)
+    assert replacement(None, without) == [] and read == []
+    assert replacement(None, with_kernel) == ["src"] and read == [with_kernel]
+    assert replacement(None, outer) == ["src"] and read == [with_kernel, outer]
