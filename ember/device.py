@@ -79,6 +79,10 @@ class KernelBackend:
         """A graph with tensors on this backend's device is about to be traced and compiled: start what takes
         long to boot (compile workers), so that it boots while AOTAutograd traces."""
 
+    def warm_up(self) -> None:
+        """A graph with tensors on this backend's device reached ember, to be compiled or loaded from a cache:
+        start in the background what its first launch will need and takes long to compute."""
+
     # -- code ---------------------------------------------------------------------------------------------
     def generate(self, name: str, group, graph, local: set):
         """One fused group -> a codegen.generate.GeneratedKernel (its DefineKernel and CallKernel lines)."""

@@ -1,8 +1,8 @@
-"""ember's own cold-compile time on HF BERT-base and GPT-2 training steps, per stage (runs on the CPU):
+"""ember's own cold-compile time on HF BERT-base and GPT-2 (or ResNet-50) training steps, per stage (runs on the CPU):
     python -m experiments.compile_time_probe [--models bert,gpt2] [--backend triton|cpp] [--repeat N]
         [--clock cpu|wall] [--profile N] [--dump DIR] [--json NEW.json] [--before OLD.json]
 
-Each model (random weights, input randint(0, 30000, (2, 128))) is compiled with
+Each model (random weights, input randint(0, 30000, (2, 128)); ResNet-50: randn(4, 3, 224, 224)) is compiled with
 `torch.compile(model, backend="ember")` and run for one training step (forward, then
 `.float().pow(2).mean().backward()`), in a fresh EMBER_CACHE_DIR so that no graph, kernel or tuning choice
 is warm. For each graph ember compiles (forward, backward) the probe prints the stages of
@@ -51,16 +51,46 @@ def _configure_env(backend: str) -> str:
     return cache
 
 
+def _resnet50():
+    """torchvision's ResNet-50 layout (bottlenecks of 3, 4, 6, 3 blocks, BatchNorm, stride on the 3x3
+    convolution), written out here so that the probe needs no torchvision."""
+    import torch
+    from torch import nn
+
+    def conv_bn(cin, cout, k, stride=1):
+        return [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)]
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            self.body = nn.Sequential(*conv_bn(cin, width, 1), nn.ReLU(), *conv_bn(width, width, 3, stride),
+                                      nn.ReLU(), *conv_bn(width, width * 4, 1))
+            self.skip = nn.Sequential(*conv_bn(cin, width * 4, 1, stride)) \
+                if stride != 1 or cin != width * 4 else nn.Identity()
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [*conv_bn(3, 64, 7, 2), nn.ReLU(), nn.MaxPool2d(3, 2, 1)], 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000))
+
+
 def _build(model_name: str):
     import torch
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
+    if model_name == "resnet50":
+        return _resnet50().train(), torch.randn(4, 3, 224, 224)
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
     if model_name == "bert":
         model = BertModel(BertConfig())
     elif model_name == "gpt2":
         model = GPT2LMHeadModel(GPT2Config())
     else:
-        raise SystemExit(f"unknown model {model_name!r} (bert, gpt2)")
+        raise SystemExit(f"unknown model {model_name!r} (bert, gpt2, resnet50)")
     return model.train(), torch.randint(0, 30000, (2, 128))
 
 

@@ -105,16 +105,29 @@ class Worker:
 
 
 def _preload() -> None:
-    """Import what every job needs (torch for the jobs' dtypes, Triton and its compiler: seconds) before
-    saying "ready": a pool started while AOTAutograd traces (KernelBackend.prepare) is then ready for its
-    first job, which would otherwise pay for the imports."""
+    """Do what every job needs (import torch for the jobs' dtypes, Triton and its compiler: seconds; hash
+    Triton's installation for its cache key: a third of a second) before saying "ready": a pool started
+    while AOTAutograd traces (KernelBackend.prepare) is then ready for its first job, which would otherwise
+    pay for it."""
     try:
         import torch  # noqa: F401
         import triton.compiler.compiler  # noqa: F401
         import triton.language  # noqa: F401
         import triton.backends.nvidia.compiler  # noqa: F401
     except ImportError:              # the job that needs it reports the error
+        return
+    try:
+        import triton.experimental.gluon  # noqa: F401   (a compile imports it)
+    except ImportError:
         pass
+    for module in ("triton.runtime.cache", "triton.compiler.compiler"):       # where Triton versions keep it
+        key = getattr(sys.modules.get(module) or importlib.import_module(module), "triton_key", None)
+        if key is not None:
+            try:
+                key()
+            except Exception:        # the first job computes it, and reports any error
+                pass
+            return
 
 
 def main() -> None:

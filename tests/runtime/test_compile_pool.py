@@ -182,3 +182,23 @@ def test_a_worker_stuck_on_a_kernel_is_stopped_and_the_pool_set_aside(monkeypatc
         assert all(w.proc.wait(timeout=5) is not None for w in pool.workers)     # killed, not left running
     finally:
         pool.close()
+
+
+def test_triton_key_is_hashed_ahead_in_the_workers_and_the_parent():
+    """Every Triton cache lookup needs Triton's key of its installation (a third of a second to hash): the
+    workers hash it while they boot, the parent in a thread started when a GPU graph reaches ember."""
+    import importlib
+    worker = importlib.import_module("ember.runtime.compile_worker")
+    from ember.runtime import triton_key
+    key = triton_key.key_function()
+    if key is None or not hasattr(key, "cache_info"):
+        pytest.skip("this Triton has no cached triton_key")
+    key.cache_clear()
+    worker._preload()
+    assert key.cache_info().currsize == 1
+    key.cache_clear()
+    triton_key._started.clear()
+    thread = triton_key.hash_in_background()
+    assert triton_key.hash_in_background() is thread          # once per process
+    thread.join(60)
+    assert key.cache_info().currsize == 1 and key() == key()
