@@ -255,6 +255,12 @@ def test_other_forms_are_left_alone(case, graphs):
 def test_the_op_with_a_padded_vocabulary(dtype, label_smoothing):
     """vocab_align pads W's rows (and b) to a multiple of 8; the padding takes no part in the loss or the
     gradients (called directly: the C++ backend's alignment never pads)."""
+    _check_the_op(dtype, label_smoothing, vocab_align=8)
+
+
+def _check_the_op(dtype, label_smoothing, vocab_align):
+    """The op called directly (mean over rows not ignored, with gradients) against eager's cross-entropy of
+    the linear layer: loss and the gradients of x, W and b; -> the inputs."""
     x, w, b, t = inputs(True, True)
     x, w, b = (v.to(dtype).requires_grad_(True) for v in (x, w, b))
     expected = F.cross_entropy(F.linear(x, w, b).float(), t, label_smoothing=label_smoothing)
@@ -262,9 +268,42 @@ def test_the_op_with_a_padded_vocabulary(dtype, label_smoothing):
     grads = [v.grad for v in (x, w, b)]
     for v in (x, w, b):
         v.grad = None
-    actual = torch.ops.ember.linear_cross_entropy(x, w, b, t, -100, "mean", label_smoothing, CHUNK_ROWS, 8,
-                                                  torch.float32, True, True, True)[0]
+    actual = torch.ops.ember.linear_cross_entropy(x, w, b, t, -100, "mean", label_smoothing, CHUNK_ROWS,
+                                                  vocab_align, torch.float32, True, True, True)[0]
     actual.backward()
     close(actual, expected, dtype, "loss")
     for i, (v, g) in enumerate(zip((x, w, b), grads)):
         close(v.grad, g, dtype, f"grad {i}")
+    return x, w, b, t
+
+
+@pytest.fixture
+def row_kernel(monkeypatch):
+    """The op's chunks through runtime/cross_entropy_rows.py's Triton kernel (on CUDA), here run by Triton's
+    interpreter on the CPU, with blocks of 16 columns so that each row takes several."""
+    pytest.importorskip("triton")
+    from ember.runtime import cross_entropy_rows
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(cross_entropy_rows, "usable", lambda x: True)
+    monkeypatch.setattr(cross_entropy_rows, "BLOCK", 16)
+    cross_entropy_rows._kernel.cache_clear()
+    calls = []
+    launch = cross_entropy_rows.loss_and_grad
+    monkeypatch.setattr(cross_entropy_rows, "loss_and_grad", lambda *a: calls.append(a) or launch(*a))
+    yield calls
+    cross_entropy_rows._kernel.cache_clear()       # built for the interpreter: not for a later GPU test
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("vocab_align", [1, 8])
+def test_the_row_kernel_gives_the_loss_and_gradients(row_kernel, dtype, label_smoothing, vocab_align):
+    """Loss and gradients through the chunk kernel match eager's cross-entropy of the linear layer, with
+    ignored rows, label smoothing and a padded vocabulary; the loss alone (no gradients wanted) too."""
+    x, w, b, t = _check_the_op(dtype, label_smoothing, vocab_align)
+    assert len(row_kernel) == -(-N // CHUNK_ROWS)
+    loss_only = torch.ops.ember.linear_cross_entropy(x.detach(), w.detach(), b.detach(), t, -100, "sum",
+                                                     label_smoothing, CHUNK_ROWS, vocab_align, torch.float32,
+                                                     False, False, False)[0]
+    summed = F.cross_entropy(F.linear(x, w, b).float(), t, label_smoothing=label_smoothing, reduction="sum")
+    close(loss_only, summed, dtype, "loss alone")

@@ -7,10 +7,9 @@ the `[rows, vocab]` logits, their fp32 log-probabilities and their gradient exis
                          chunk_rows, vocab_align, out_dtype, grad_x, grad_weight, grad_bias)
         -> (loss, dx[N, H], dweight[V, H], dbias[V])
 
-For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), their
-log-probabilities in fp32 (`log_softmax(..., dtype=float32)`: one kernel that reads 16-bit logits as they
-are), the chunk's loss, and the gradient of the loss w.r.t. the chunk's logits, softmax - (1 - eps) onehot -
-eps / V, written in x's dtype by one exp; it spends that gradient at once: dx[chunk] = dlogits @ W,
+For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), each row's loss from
+its log-probabilities in fp32, and the gradient of the loss w.r.t. the chunk's logits, softmax - (1 - eps)
+onehot - eps / V, written in x's dtype; it spends that gradient at once: dx[chunk] = dlogits @ W,
 dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. Ignored rows
 are zeroed in x's chunk for dW and db and in dx afterwards, and the reduction's scale (1 or 1 / rows kept)
 is applied once at the end, so the chunk's gradient needs no pass of its own for either.
@@ -26,14 +25,18 @@ post_grad.pad_matmuls); the padding's logits are set to -inf, so they take no sh
 get no gradient. Semantics are F.cross_entropy's with class indices: `ignore_index` rows contribute
 nothing; "mean" divides by the number of rows not ignored (NaN when there are none, as eager); label
 smoothing eps mixes the one-hot target with eps / V per class. The loss is accumulated in fp32 and returned
-in `out_dtype` (the dtype the replaced cross-entropy returned). The code is device-agnostic ATen: CPU and
-CUDA run the same ops, and compiled graphs call the op as an extern.
+in `out_dtype` (the dtype the replaced cross-entropy returned). Compiled graphs call the op as an extern. A
+chunk's loss and logit gradient run as one Triton kernel on CUDA (runtime/cross_entropy_rows.py), as ATen
+ops elsewhere; the GEMMs are ATen's everywhere.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+
+from ..runtime import cross_entropy_rows
+
 
 def chunk_rows_for(vocab: int, itemsize: int, chunk_bytes: int) -> int:
     """Rows per chunk so that a chunk's working set, its logits (itemsize bytes each) and their fp32
@@ -61,29 +64,17 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     wants_grads = grad_x or grad_weight or grad_bias
     for r in range(0, n, chunk_rows):
         xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
-        logits = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
-        if padded != vocab:
-            logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
-        log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
-        del logits
-        lp_target = log_probs.gather(1, tc)
-        rows = -lp_target
-        if eps:
-            rows = (1 - eps) * rows - (eps / vocab) * log_probs[:, :vocab].sum(1, keepdim=True)
+        # each row's loss, and with gradients wanted dloss/dlogits of each row, unscaled: softmax - (1 - eps)
+        # onehot - eps / V, in x's dtype
+        if cross_entropy_rows.usable(x):
+            dz = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
+            rows = cross_entropy_rows.loss_and_grad(dz, tc.view(-1), vocab, eps, wants_grads)
+        else:       # the logits are freed inside once their log-probabilities exist
+            rows, dz = _chunk_in_aten(torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t()),
+                                      tc, vocab, padded, eps, x.dtype, wants_grads)
         total += (rows * kc).sum()
         if not wants_grads:
             continue
-        # dloss/dlogits of each row, unscaled: softmax - (1 - eps) onehot - eps / V, in x's dtype; the
-        # target's column is written from fp32 so that it is rounded once
-        if x.dtype == torch.float32:
-            dz = log_probs.exp_()
-        else:
-            dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=x.dtype, device=x.device))
-        if eps:
-            dz.sub_(eps / vocab)
-            dz[:, vocab:] = 0
-        dz.scatter_(1, tc, (lp_target.exp() - (1 - eps) - eps / vocab).to(x.dtype))
-        del log_probs
         # ignored rows contribute nothing: their rows of x are zeroed for dW and db, their rows of dx after
         if grad_x:
             torch.mm(dz, w, out=dx[r:r + chunk_rows]).mul_(kc)
@@ -101,6 +92,30 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
             dx.mul_(scale) if grad_x and scale is not None else dx,
             _finish(dweight, vocab, scale, weight.dtype) if grad_weight else weight.new_empty(0),
             _finish(dbias, vocab, scale, weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _chunk_in_aten(logits, tc, vocab: int, padded: int, eps: float, dtype: torch.dtype, wants_grads: bool):
+    """(each row's loss [rows, 1] in fp32, dloss/dlogits in `dtype` or None) of one chunk, in ATen ops."""
+    if padded != vocab:
+        logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
+    log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
+    del logits
+    lp_target = log_probs.gather(1, tc)
+    rows = -lp_target
+    if eps:
+        rows = (1 - eps) * rows - (eps / vocab) * log_probs[:, :vocab].sum(1, keepdim=True)
+    if not wants_grads:
+        return rows, None
+    # the target's column is written from fp32 so that it is rounded once
+    if dtype == torch.float32:
+        dz = log_probs.exp_()
+    else:
+        dz = torch.exp(log_probs, out=torch.empty(log_probs.shape, dtype=dtype, device=log_probs.device))
+    if eps:
+        dz.sub_(eps / vocab)
+        dz[:, vocab:] = 0
+    dz.scatter_(1, tc, (lp_target.exp() - (1 - eps) - eps / vocab).to(dtype))
+    return rows, dz
 
 
 def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
