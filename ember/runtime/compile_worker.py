@@ -121,12 +121,12 @@ def _preload() -> None:
     except ImportError:
         pass
     for module in ("triton.runtime.cache", "triton.compiler.compiler"):       # where Triton versions keep it
-        key = getattr(sys.modules.get(module) or importlib.import_module(module), "triton_key", None)
-        if key is not None:
-            try:
+        try:
+            key = getattr(importlib.import_module(module), "triton_key", None)
+            if key is not None:
                 key()
-            except Exception:        # the first job computes it, and reports any error
-                pass
+                return
+        except Exception:            # the first job computes it, and reports any error
             return
 
 

@@ -7,7 +7,7 @@ op's per-chunk ATen work cost about 7 ms of a Llama-small training step on an H1
 "Attention masks, channels-last convolutions, LM heads"). Here a program reads its row twice: once for the
 row's max, sum of exponentials (online, rescaled as the max grows) and, with label smoothing, sum of
 logits; once to write `softmax - (1 - eps) onehot(target) - eps / V` in the logits' dtype, each element
-computed in fp32 and rounded once, as the ATen form rounds it. Columns past the real vocabulary (a padded
+computed in fp32 and rounded once. Columns past the real vocabulary (a padded
 GEMM's) take no share of the softmax and get a zero gradient. No fp32 copy of the chunk is made.
 
     loss = lse - (1 - eps) z[target] - eps / V * sum_j z_j,    lse = log sum_j exp(z_j)   (j < V)
