@@ -60,7 +60,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     cudagraphs, tuned_products = MODES[mode or "default"]
     # the search widens the default ("matvec"); a setting of "always" or "never" is the user's and stays
     settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "matvec" else {}
-    _warm_up_backends(example_inputs)
+    _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
         return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
 
@@ -77,24 +77,15 @@ def _with_settings(compiler, settings: dict):
     return compile_with_settings
 
 
-def _prepare_backends(example_inputs) -> None:
-    """The kernel backends of the inputs' devices get ready to compile (AOTAutograd starts its trace: a miss
-    of its cache)."""
-    _each_backend(example_inputs, "prepare")
-
-
-def _warm_up_backends(example_inputs) -> None:
-    """The kernel backends of the inputs' devices start what a graph's first launch needs (compiled or loaded)."""
-    _each_backend(example_inputs, "warm_up")
-
-
 def _each_backend(example_inputs, method: str) -> None:
+    """`KernelBackend.<method>()` of the backend of each of the inputs' devices: "warm_up" when a graph
+    reaches ember, "prepare" when AOTAutograd starts its trace (a miss of its cache)."""
     devices = {x.device for x in example_inputs if isinstance(x, torch.Tensor)}
     for d in sorted(devices, key=str):
         try:
             getattr(backend_for(d), method)()
         except Exception as e:    # noqa: BLE001 - a device without a backend is reported where it compiles
-            log.debug("ember: no backend %s for %s: %s", "prepared" if method == "prepare" else "warmed up", d, e)
+            log.debug("ember: backend %s() for %s: %s", method, d, e)
 
 
 def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
@@ -115,7 +106,7 @@ def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
         partition_fn=_partition,
-        decompositions=LazyTable(functools.partial(_prepare_backends, example_inputs)),
+        decompositions=LazyTable(functools.partial(_each_backend, example_inputs, "prepare")),
         keep_inference_input_mutations=True,
     )
     with whole_graph_cache.lookup_and_store(key_tag) if key_tag is not None else contextlib.nullcontext([]) as loaded:

@@ -67,11 +67,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         # each row's loss, and with gradients wanted dloss/dlogits of each row, unscaled: softmax - (1 - eps)
         # onehot - eps / V, in x's dtype
         if cross_entropy_rows.usable(x):
-            dz = torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
+            dz = _logits(xc, w, b)
             rows = cross_entropy_rows.loss_and_grad(dz, tc.view(-1), vocab, eps, wants_grads)
         else:       # the logits are freed inside once their log-probabilities exist
-            rows, dz = _chunk_in_aten(torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t()),
-                                      tc, vocab, padded, eps, x.dtype, wants_grads)
+            rows, dz = _chunk_in_aten(_logits(xc, w, b), tc, vocab, padded, eps, x.dtype, wants_grads)
         total += (rows * kc).sum()
         if not wants_grads:
             continue
@@ -92,6 +91,10 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
             dx.mul_(scale) if grad_x and scale is not None else dx,
             _finish(dweight, vocab, scale, weight.dtype) if grad_weight else weight.new_empty(0),
             _finish(dbias, vocab, scale, weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _logits(xc: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    return torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
 
 
 def _chunk_in_aten(logits, tc, vocab: int, padded: int, eps: float, dtype: torch.dtype, wants_grads: bool):
