@@ -120,12 +120,11 @@ class Config:
     # No progress line on stderr while a long compile runs (it shows only on a terminal; runtime/progress.py).
     quiet: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_QUIET", False))
     # Rewrite cross_entropy(linear(x, W, b), target) into ember::linear_cross_entropy, which computes the loss
-    # and its gradients in chunks of rows, never holding the whole logits (graph/passes/linear_cross_entropy.py);
-    # a chunk's logits and their fp32 log-probabilities take at most linear_cross_entropy_chunk_bytes.
-    # Off by default: on an H100 its chunks' ATen pointwise passes made Llama's training step (the model's
-    # own cross-entropy) 28.1 ms against inductor's 21.2 (docs/performance.md); a fused chunk kernel comes
-    # first.
-    fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", False))
+    # and its gradients in chunks, never holding the whole logits' fp32 copy, softmax or gradient
+    # (graph/passes/linear_cross_entropy.py); a chunk's working set takes about
+    # linear_cross_entropy_chunk_bytes. On an H100, Hugging Face Llama's training step with its own loss:
+    # peak 5.38 -> 4.63 GiB, 21.8 -> 22.2 ms (docs/performance.md, "LM heads").
+    fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", True))
     linear_cross_entropy_chunk_bytes: int = 256 << 20
     # SDPA forwards with few query rows per key/value head (a decoding step) run as the backend's own kernels
     # where it has them (lowering/short_attention.py); False: the fused ATen op eager picked.

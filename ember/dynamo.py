@@ -15,7 +15,8 @@ from .compile_graph import CompiledGraph, compile_graph
 from .device import backend_for, check_backend_settings
 from .graph.decompose import LazyTable
 from .graph.passes import joint, pre_grad
-from .runtime import whole_graph_cache
+from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
+from .runtime import head_logits, whole_graph_cache
 from .runtime.gc_pause import gc_paused
 
 log = logging.getLogger("ember")
@@ -90,6 +91,11 @@ def _each_backend(example_inputs, method: str) -> None:
 
 def _compile_dynamo_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
     gm = pre_grad.run(gm)
+    return head_logits.wrap(_compile_passed_graph(gm, example_inputs, cudagraphs, settings),
+                            gm.meta.get(DEFERRED_HEADS, []), gm.meta.get(PROGRAM_OUTPUTS))
+
+
+def _compile_passed_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
     inference = _InferenceCompiler(len(example_inputs), cudagraphs)
     fw_compiler = _with_settings(functools.partial(compile_graph, is_backward=False, cudagraphs=cudagraphs), settings)
     bw_compiler = _with_settings(functools.partial(compile_graph, is_backward=True, cudagraphs=cudagraphs), settings)

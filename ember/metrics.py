@@ -16,6 +16,7 @@ _COUNTS = {
     "sdpa_mask_copies": "SDPA masks made contiguous so that a fused kernel accepts them",
     "sdpa_masks_dropped": "SDPA masks computed from constants that keep every key, dropped",
     "linear_cross_entropy_rewrites": "cross-entropies of a linear rewritten to chunked linear cross-entropy",
+    "deferred_head_logits": "logits returned beside a chunked loss, their backward left outside the graph",
     "cudagraph_records": "graphs recorded into a CUDA graph",
     "cudagraph_replays": "CUDA graph replays",
     "cudagraph_output_copies": "outputs returned as copies, being held past a replay",
@@ -37,7 +38,7 @@ direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = 0
 template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
-flex_attention_kernels = short_attention_kernels = 0
+flex_attention_kernels = short_attention_kernels = deferred_head_logits = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 collectives: collections.Counter = collections.Counter()  # collective op name -> calls and waits compiled

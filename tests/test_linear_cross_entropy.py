@@ -158,13 +158,42 @@ def test_hugging_face_shifted_loss(dtype, return_logits, reduction, graphs):
     compare([step(False), step(True)], dtype)
     assert ember.metrics.linear_cross_entropy_rewrites == 1
     if return_logits:
-        # the returned logits' product stays, and nothing else of their size: no fp32 copy, no softmax
-        targets = logits_sized(graphs)
+        # the returned logits' product stays, and nothing else of their size: no fp32 copy, no softmax;
+        # the op reads its rows from them, and the backward has nothing of their size (no zero gradient)
+        forward, backward = graphs
+        targets = logits_sized([forward])
         logits_ops = {torch.ops.aten.mm.default, torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
-                      torch.ops.aten.permute.default, "output"}
+                      torch.ops.aten.permute.default, torch.ops.aten.alias.default, "output"}
         assert targets and set(t for t in targets if not isinstance(t, str) or t == "output") <= logits_ops, targets
+        (call,) = [n for n in forward if n.target is torch.ops.ember.linear_cross_entropy.default]
+        assert len(call.args) == 14, "the op multiplies again instead of reading the logits"
+        assert logits_sized([backward]) == []
     else:
         assert_rewritten(graphs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_returned_logits_keep_their_gradient(dtype, bias, graphs):
+    """Logits returned beside the fused loss and then used by the program (a second loss on them, an
+    in-place scale) give eager's gradients of x, W and b: their backward runs outside the graph."""
+    def fn(x, w, b, t):
+        logits = F.linear(x, w, b)
+        return F.cross_entropy(logits.float(), t), logits
+
+    results, tensors = [], inputs(bias, True)
+    for run in (fn, fresh_compile(fn)):
+        leaves = [v.detach().clone().requires_grad_(v.is_floating_point()) if v is not None else None
+                  for v in tensors]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
+            loss, logits = run(*leaves)
+        logits.mul_(0.5)
+        (loss + logits.float().pow(2).mean()).backward()
+        results.append(((loss, logits), [v.grad for v in leaves if v is not None and v.is_floating_point()]))
+    compare(results, dtype)
+    assert ember.metrics.linear_cross_entropy_rewrites == ember.metrics.deferred_head_logits == 1
+    scaled = results[1][0][1].grad_fn
+    assert type(scaled.next_functions[0][0]).__name__ == "HeadLogitsBackward"
 
 
 def test_older_shift_of_the_logits(graphs):
@@ -277,11 +306,37 @@ def _check_the_op(dtype, label_smoothing, vocab_align):
     return x, w, b, t
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_align", [1, 8])
+def test_the_op_reads_given_logits(dtype, vocab_align):
+    _check_the_op_with_logits(dtype, vocab_align)
+
+
+def _check_the_op_with_logits(dtype, vocab_align):
+    """Logits handed to the op (a strided view of the rows, as a shifted head's) give the loss and
+    gradients of the product's, and are left as they were."""
+    x, w, b, t = inputs(True, True, rows=2 * N)
+    x, w, b = (v.to(dtype).requires_grad_(True) for v in (x, w, b))
+    logits = F.linear(x, w, b).detach()[::2]
+    before = logits.clone()
+    x_rows = x[::2]
+    expected = F.cross_entropy(F.linear(x_rows, w, b).float(), t[::2], label_smoothing=0.1)
+    grads = torch.autograd.grad(expected, (x, w, b))
+    actual = torch.ops.ember.linear_cross_entropy(x_rows, w, b, t[::2], -100, "mean", 0.1, CHUNK_ROWS,
+                                                  vocab_align, torch.float32, True, True, True, logits)[0]
+    close(actual, expected, dtype, "loss")
+    for i, (a, e) in enumerate(zip(torch.autograd.grad(actual, (x, w, b)), grads)):
+        close(a, e, dtype, f"grad {i}")
+    assert torch.equal(logits, before)
+
+
 @pytest.fixture
 def row_kernel(monkeypatch):
     """The op's chunks through runtime/cross_entropy_rows.py's Triton kernel (on CUDA), here run by Triton's
     interpreter on the CPU, with blocks of 16 columns so that each row takes several."""
     pytest.importorskip("triton")
+    if torch.cuda.is_available():       # Triton 3.6's interpreter fails on loops of a runtime length there
+        pytest.skip("the CUDA tests below run the kernels on the GPU")
     from ember.runtime import cross_entropy_rows
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(cross_entropy_rows, "usable", lambda x: True)
@@ -309,6 +364,19 @@ def test_the_row_kernel_gives_the_loss_and_gradients(row_kernel, dtype, label_sm
     close(loss_only, summed, dtype, "loss alone")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab_align", [1, 8])
+def test_the_row_kernel_reads_given_logits(row_kernel, dtype, vocab_align, monkeypatch):
+    """With the logits given, the kernels take chunks of columns: one pass for the rows' statistics, then
+    the gradient of 16 columns at a time (V = 53: four chunks, the last of 5 columns)."""
+    from ember.runtime import cross_entropy_rows
+    chunks = []
+    launch = cross_entropy_rows.columns_grad
+    monkeypatch.setattr(cross_entropy_rows, "columns_grad", lambda *a: chunks.append(a) or launch(*a))
+    _check_the_op_with_logits(dtype, vocab_align)
+    assert len(row_kernel) == 1 and [a[4].shape[1] for a in chunks] == [16, 16, 16, 5]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk kernel runs on CUDA")
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 def test_the_row_kernel_on_cuda(label_smoothing):
@@ -331,3 +399,28 @@ def test_the_row_kernel_on_cuda(label_smoothing):
     close(actual, expected, torch.bfloat16, "loss")
     close(xb.grad, xr.grad, torch.bfloat16, "grad x")
     close(wb.grad, wr.grad, torch.bfloat16, "grad W")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk kernels run on CUDA")
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_given_logits_on_cuda(label_smoothing):
+    """The op with the logits given (chunks of columns), GPT-2's vocabulary, bf16, with a bias: loss and
+    gradients of x, W and b against eager's cross-entropy of the linear layer in fp32."""
+    torch.manual_seed(0)
+    rows, hidden, vocab = 300, 64, 50257
+    x = torch.randn(rows, hidden, device="cuda")
+    w = torch.randn(vocab, hidden, device="cuda") * 0.2
+    b = torch.randn(vocab, device="cuda")
+    t = torch.randint(0, vocab, (rows,), device="cuda")
+    t[torch.rand(rows, device="cuda") < 0.2] = -100
+    ref = [v.bfloat16().float().requires_grad_(True) for v in (x, w, b)]
+    expected = F.cross_entropy(F.linear(*ref), t, label_smoothing=label_smoothing)
+    expected.backward()
+    xb, wb, bb = (v.bfloat16().requires_grad_(True) for v in (x, w, b))
+    logits = F.linear(xb, wb, bb).detach()
+    actual = torch.ops.ember.linear_cross_entropy(xb, wb, bb, t, -100, "mean", label_smoothing, 96, 8,
+                                                  torch.float32, True, True, True, logits)[0]
+    actual.backward()
+    close(actual, expected, torch.bfloat16, "loss")
+    for name, a, e in (("x", xb, ref[0]), ("W", wb, ref[1]), ("b", bb, ref[2])):
+        close(a.grad, e.grad, torch.bfloat16, f"grad {name}")

@@ -4,7 +4,7 @@ the `[rows, vocab]` logits, their fp32 log-probabilities and their gradient exis
 `F.cross_entropy(F.linear(x, W, b) [.float()] [.view(-1, V)], target, ...)` into it.
 
     linear_cross_entropy(x[N, H], weight[V, H], bias[V]?, target[N], ignore_index, reduction, label_smoothing,
-                         chunk_rows, vocab_align, out_dtype, grad_x, grad_weight, grad_bias)
+                         chunk_rows, vocab_align, out_dtype, grad_x, grad_weight, grad_bias, logits[N, V]?)
         -> (loss, dx[N, H], dweight[V, H], dbias[V])
 
 For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), each row's loss from
@@ -13,6 +13,10 @@ onehot - eps / V, written in x's dtype; it spends that gradient at once: dx[chun
 dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. Ignored rows
 are zeroed in x's chunk for dW and db and in dx afterwards, and the reduction's scale (1 or 1 / rows kept)
 is applied once at the end, so the chunk's gradient needs no pass of its own for either.
+
+`logits`, when given, are x @ W^T + b as the graph computed them for another reader (a model that returns
+its logits with the loss): a chunk then reads its rows from them instead of multiplying again, and writes
+its gradient into a chunk-sized buffer, never over them.
 
 dx, dW and db are the gradients for an incoming gradient of 1: outputs of the op, which the autograd
 formula saves; the backward only scales them by the loss's incoming gradient. A flag that is False leaves
@@ -47,10 +51,16 @@ def chunk_rows_for(vocab: int, itemsize: int, chunk_bytes: int) -> int:
 @torch.library.custom_op("ember::linear_cross_entropy", mutates_args=())
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
                          ignore_index: int, reduction: str, label_smoothing: float, chunk_rows: int,
-                         vocab_align: int, out_dtype: torch.dtype, grad_x: bool, grad_weight: bool, grad_bias: bool
+                         vocab_align: int, out_dtype: torch.dtype, grad_x: bool, grad_weight: bool, grad_bias: bool,
+                         logits: Optional[torch.Tensor] = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n, vocab = x.shape[0], weight.shape[0]
+    if logits is not None and logits.stride(-1) != 1:
+        logits = logits.contiguous()
     eps = label_smoothing
+    if logits is not None and (grad_x or grad_weight or grad_bias) and cross_entropy_rows.usable(x):
+        return _given_logits_by_columns(x, weight, bias, logits, target, ignore_index, reduction, eps, out_dtype,
+                                        chunk_rows * vocab, grad_x, grad_weight, grad_bias)
     padded = vocab + (-vocab % vocab_align if vocab_align > 1 else 0)
     w = torch.nn.functional.pad(weight, (0, 0, 0, padded - vocab)) if padded != vocab else weight
     b = torch.nn.functional.pad(bias, (0, padded - vocab)) if bias is not None and padded != vocab else bias
@@ -66,21 +76,24 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
         # each row's loss, and with gradients wanted dloss/dlogits of each row, unscaled: softmax - (1 - eps)
         # onehot - eps / V, in x's dtype
-        if cross_entropy_rows.usable(x):
+        given = None if logits is None else logits[r:r + chunk_rows]
+        if cross_entropy_rows.usable(x) and given is None:      # the gradient written over the chunk's logits
             dz = _logits(xc, w, b)
             rows = cross_entropy_rows.loss_and_grad(dz, tc.view(-1), vocab, eps, wants_grads)
+        elif cross_entropy_rows.usable(x):
+            dz = torch.empty((len(xc), padded), dtype=x.dtype, device=x.device) if wants_grads else None
+            rows = cross_entropy_rows.loss_and_grad(given, tc.view(-1), vocab, eps, wants_grads, dz)
         else:       # the logits are freed inside once their log-probabilities exist
-            rows, dz = _chunk_in_aten(_logits(xc, w, b), tc, vocab, padded, eps, x.dtype, wants_grads)
+            chunk = _logits(xc, w, b) if given is None else torch.nn.functional.pad(given, (0, padded - vocab))
+            rows, dz = _chunk_in_aten(chunk, tc, vocab, padded, eps, x.dtype, wants_grads)
         total += (rows * kc).sum()
         if not wants_grads:
             continue
         # ignored rows contribute nothing: their rows of x are zeroed for dW and db, their rows of dx after
         if grad_x:
             torch.mm(dz, w, out=dx[r:r + chunk_rows]).mul_(kc)
-        if grad_weight and dz.dtype == dweight.dtype:
-            dweight.addmm_(dz.t(), xc * kc)
-        elif grad_weight:
-            dweight += torch.mm(dz.t(), xc * kc)
+        if grad_weight:
+            _accumulate_product(dweight, dz.t(), xc * kc)
         if grad_bias:
             dbias += torch.mv(dz.t(), kc.squeeze(1))
     # the reduction's scale, applied once: 1 (sum) or 1 / rows that count (mean)
@@ -91,6 +104,53 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
             dx.mul_(scale) if grad_x and scale is not None else dx,
             _finish(dweight, vocab, scale, weight.dtype) if grad_weight else weight.new_empty(0),
             _finish(dbias, vocab, scale, weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _given_logits_by_columns(x, weight, bias, logits, target, ignore_index, reduction, eps, out_dtype,
+                             chunk_elements, grad_x, grad_weight, grad_bias):
+    """The op on CUDA with the logits given: chunks of columns, not rows. The rows' log-sum-exps and losses
+    come from one pass over the logits; then each chunk of vocabulary columns gets its gradient (scaled,
+    ignored rows zeroed) for all rows at once, which gives its rows of dW in one product, in W's dtype, and
+    adds its share to dx (fp32, [N, H]): the accumulated gradient is x's, not W's, which is V / N times
+    larger for an LM head, and W needs no padding (every chunk's width is a multiple of 16)."""
+    n, vocab = x.shape[0], weight.shape[0]
+    valid = target != ignore_index
+    safe_target = torch.where(valid, target, 0)
+    lse = torch.empty(n, dtype=torch.float32, device=x.device)
+    rows = cross_entropy_rows.loss_and_grad(logits, safe_target, vocab, eps, False, None, lse)
+    total = torch.where(valid.unsqueeze(1), rows, 0.0).sum()
+    row_scale = valid.to(torch.float32)
+    if reduction == "mean":
+        scale = 1.0 / valid.sum().to(torch.float32)
+        total, row_scale = total * scale, row_scale * scale
+    dx = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if grad_x else None
+    dweight = torch.empty_like(weight) if grad_weight else weight.new_empty(0)
+    dbias = torch.empty(vocab, dtype=torch.float32, device=x.device) if grad_bias else None
+    width = min(max(16, chunk_elements // max(1, n) // 16 * 16), -(-vocab // 16) * 16)
+    buffer = torch.empty((n, width), dtype=x.dtype, device=x.device)
+    for first in range(0, vocab, width):
+        columns = min(width, vocab - first)
+        dz = buffer[:, :columns]
+        cross_entropy_rows.columns_grad(logits, lse, safe_target, row_scale, dz, first, vocab, eps)
+        if grad_weight:
+            torch.mm(dz.t(), x, out=dweight[first:first + columns])
+        if grad_x:
+            _accumulate_product(dx, dz, weight[first:first + columns])
+        if grad_bias:
+            dbias[first:first + columns] = dz.sum(0, dtype=torch.float32)
+    return (total.to(out_dtype), dx.to(x.dtype) if grad_x else x.new_empty(0), dweight,
+            dbias.to(weight.dtype) if grad_bias else weight.new_empty(0))
+
+
+def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b with acc in fp32: in place where the library multiplies 16-bit operands into an fp32
+    output (cuBLAS, `aten::addmm.dtype_out`), else through a product in the operands' dtype."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and hasattr(torch.ops.aten.addmm, "dtype_out"):
+        torch.ops.aten.addmm.dtype_out(acc, a, b, acc.dtype, out=acc)
+    else:
+        acc += torch.mm(a, b)
 
 
 def _logits(xc: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
@@ -130,7 +190,7 @@ def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype
 
 @linear_cross_entropy.register_fake
 def _fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, chunk_rows, vocab_align, out_dtype,
-          grad_x, grad_weight, grad_bias):
+          grad_x, grad_weight, grad_bias, logits=None):
     return (x.new_empty((), dtype=out_dtype), torch.empty_like(x) if grad_x else x.new_empty(0),
             torch.empty_like(weight) if grad_weight else weight.new_empty(0),
             torch.empty_like(bias) if grad_bias else weight.new_empty(0))
@@ -148,7 +208,7 @@ def _backward(ctx, grad_loss, *_unused):
     grad_x, grad_weight, grad_bias = ctx.grads
     g = grad_loss.to(torch.float32)
     return (dx * g if grad_x else None, dweight * g if grad_weight else None, dbias * g if grad_bias else None,
-            None, None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None)
 
 
 linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)

@@ -1,5 +1,6 @@
 """One chunk of `ember::linear_cross_entropy` (graph/linear_cross_entropy_op.py) in one Triton kernel: each
-row's loss from its logits, and the gradient of that loss w.r.t. the logits written over them.
+row's loss from its logits, and the gradient of that loss w.r.t. the logits, written over them or, where the
+logits are the graph's own (returned to the program), into a chunk-sized buffer.
 
 In ATen the chunk took six passes over its `[rows, vocab]` logits and their fp32 log-probabilities
 (log_softmax, gather, the label-smoothing sum, exp, the smoothing subtraction, the target's scatter): the
@@ -18,10 +19,12 @@ Triton's interpreter on the CPU).
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
 BLOCK = 4096
+COLUMN_BLOCK = 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,44 +33,86 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def rows_loss_and_grad(logits, target, loss, row_stride, vocab, padded, eps,
-                           WRITE_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    def rows_loss_and_grad(logits, logits_stride, grad, grad_stride, target, loss, lse_out, vocab, padded, eps,
+                           WRITE_GRAD: tl.constexpr, WRITE_LSE: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        base = logits + row * row_stride
+        src = logits + row * logits_stride
         t = tl.load(target + row)
+        # tl.full, not tl.zeros: Triton 3.6's interpreter cannot call tl.zeros (a jit function of its stdlib)
         running_max = tl.full((), float("-inf"), tl.float32)
-        running_sum = tl.zeros((), tl.float32)
-        logit_sum = tl.zeros((), tl.float32)
+        running_sum = tl.full((), 0.0, tl.float32)
+        logit_sum = tl.full((), 0.0, tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            z = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            z = tl.load(src + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
             new_max = tl.maximum(running_max, tl.max(z, 0))
             running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(z - new_max), 0)
             running_max = new_max
             logit_sum += tl.sum(tl.where(cols < vocab, z, 0.0), 0)
         lse = running_max + tl.log(running_sum)
-        z_target = tl.load(base + t).to(tl.float32)
+        z_target = tl.load(src + t).to(tl.float32)
         tl.store(loss + row, lse - (1.0 - eps) * z_target - eps / vocab * logit_sum)
+        if WRITE_LSE:
+            tl.store(lse_out + row, lse)
         if WRITE_GRAD:
+            dst = grad + row * grad_stride
             for start in range(0, padded, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                z = tl.load(base + cols, mask=cols < vocab, other=0.0).to(tl.float32)
+                z = tl.load(src + cols, mask=cols < vocab, other=0.0).to(tl.float32)
                 g = tl.exp(z - lse) - eps / vocab - tl.where(cols == t, 1.0 - eps, 0.0)
                 g = tl.where(cols < vocab, g, 0.0)
-                tl.store(base + cols, g.to(logits.dtype.element_ty), mask=cols < padded)
+                tl.store(dst + cols, g.to(grad.dtype.element_ty), mask=cols < padded)
     return rows_loss_and_grad
 
 
-def loss_and_grad(logits: torch.Tensor, target: torch.Tensor, vocab: int, eps: float, write_grad: bool) -> torch.Tensor:
-    """Each row's loss (fp32, `[rows, 1]`) of a chunk's logits `[rows, padded]` (rows contiguous; columns past
+@functools.lru_cache(maxsize=None)
+def _columns_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def columns_grad(logits, logits_stride, lse, target, row_scale, grad, grad_stride, first, columns, vocab, eps,
+                     BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < columns
+        col = first + cols
+        real = inside & (col < vocab)
+        z = tl.load(logits + row * logits_stride + col, mask=real, other=0.0).to(tl.float32)
+        t = tl.load(target + row)
+        g = tl.exp(z - tl.load(lse + row)) - eps / vocab - tl.where(col == t, 1.0 - eps, 0.0)
+        g = tl.where(real, g * tl.load(row_scale + row), 0.0)
+        tl.store(grad + row * grad_stride + cols, g.to(grad.dtype.element_ty), mask=inside)
+    return columns_grad
+
+
+def loss_and_grad(logits: torch.Tensor, target: torch.Tensor, vocab: int, eps: float, write_grad: bool,
+                  grad: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Each row's loss (fp32, `[rows, 1]`) of a chunk's logits (rows of unit column stride; columns past
     `vocab` are padding) against `target` (`[rows]` class indices, none ignored: the op zeroes ignored rows
-    afterwards); with `write_grad` the logits are overwritten by the loss's gradient w.r.t. them."""
-    rows, padded = logits.shape
+    afterwards). With `write_grad` the loss's gradient w.r.t. the logits is written into `grad`
+    (`[rows, padded]`, rows contiguous), by default over the logits themselves; `lse` (`[rows]`, fp32), when
+    given, receives each row's log-sum-exp."""
+    out = logits if grad is None else grad
+    rows, padded = out.shape
     loss = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
     if rows:
-        _kernel()[(rows,)](logits, target, loss, logits.stride(0), vocab, padded, float(eps),
-                           WRITE_GRAD=write_grad, BLOCK=BLOCK, num_warps=8)
+        _kernel()[(rows,)](logits, logits.stride(0), out, out.stride(0), target, loss,
+                           loss if lse is None else lse, vocab, padded, float(eps),
+                           WRITE_GRAD=write_grad, WRITE_LSE=lse is not None, BLOCK=BLOCK, num_warps=8)
     return loss
+
+
+def columns_grad(logits: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, row_scale: torch.Tensor,
+                 grad: torch.Tensor, first: int, vocab: int, eps: float) -> None:
+    """Columns [first, first + grad.shape[1]) of the loss's gradient w.r.t. `logits` (`[rows, >= vocab]`, unit
+    column stride), each row scaled by `row_scale` (fp32, 0 for an ignored row), from the rows' `lse`: written
+    into `grad` (`[rows, columns]`, unit column stride); columns past `vocab` get 0."""
+    rows, columns = grad.shape
+    if rows and columns:
+        grid = (rows, -(-columns // COLUMN_BLOCK))
+        _columns_kernel()[grid](logits, logits.stride(0), lse, target, row_scale, grad, grad.stride(0), first,
+                                columns, vocab, float(eps), BLOCK=COLUMN_BLOCK, num_warps=4)
 
 
 def usable(x: torch.Tensor) -> bool:

@@ -21,13 +21,16 @@ it first, as autocast would. The loss keeps cross_entropy's result dtype. The gr
 inference graph computes the loss alone.
 
 Where the logits are also read elsewhere (a model that returns them with the loss), the linear stays for
-those readers and the loss does not read it. AOTAutograd still hands the backward a materialized zero
-gradient for such an output when the program does not use it, and the backward multiplies it through the
-linear's backward; that cost is the linear's, not the loss's.
+those readers and the op reads its chunks' logits from it rather than multiplying again. Logits that the
+graph only returns are returned detached, and get their autograd outside the graph
+(runtime/head_logits.py): inside it, AOTAutograd would hand the backward a materialized zero gradient for
+them when the program drops them, and the backward would multiply it through the linear's backward.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import operator
 from typing import Optional
 
@@ -39,12 +42,16 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ... import config, metrics
 from ...device import backend_for
+from ...runtime import head_logits
 from ..linear_cross_entropy_op import chunk_rows_for
 
+log = logging.getLogger("ember")
 _LINEARS = (torch._C._nn.linear, F.linear)
 _CE_SIGNATURE = inspect.signature(F.cross_entropy)
 _LINEAR_SIGNATURE = inspect.signature(lambda input, weight, bias=None: None)
 _VIEW_METHODS = ("view", "reshape")
+DEFERRED_HEADS = "ember_deferred_heads"     # gm.meta: the graph's runtime/head_logits.DeferredHead list
+PROGRAM_OUTPUTS = "ember_program_outputs"   # gm.meta: how many outputs the program has, before the heads' own
 
 
 def fuse_linear_cross_entropy(gm: torch.fx.GraphModule) -> None:
@@ -169,6 +176,66 @@ def _rewrite(graph: torch.fx.Graph, ce: torch.fx.Node) -> bool:
         if n.users:
             break
         graph.erase_node(n)
+        if n is linear:
+            return True
+    # the logits exist anyway: the op reads its chunks from them instead of multiplying again
+    with graph.inserting_before(fused):
+        rows_of_logits = linear
+        for index in slices:
+            rows_of_logits = graph.call_function(operator.getitem, (rows_of_logits, index))
+        if out.dim() > 2:
+            rows_of_logits = graph.call_function(torch.flatten, (rows_of_logits, 0, -2))
+    fused.args = fused.args + (rows_of_logits,)
+    if any(flags):
+        _defer_returned_logits(graph, linear, x, weight, bias)
+    return True
+
+
+def _defer_returned_logits(graph: torch.fx.Graph, linear: torch.fx.Node, x, weight, bias) -> None:
+    """Logits the graph only returns (and hands the op) are returned detached, with what their backward
+    needs, for runtime/head_logits.py to attach to autograd outside the graph: a program that drops
+    them then runs no backward for them (no zero gradient, no two products)."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = output.args[0]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if not isinstance(outs, (tuple, list)) or linear not in outs:
+        log.debug("ember: the logits of %s stay in autograd: the graph does not return them as they are", linear)
+        return
+    # every other reader of the logits is the op's row selection; none takes a gradient through them
+    readers = [u for u in linear.users if u is not output]
+    if len(readers) != 1 or not _reads_only_to_select_rows(readers[0]):
+        log.debug("ember: the logits of %s stay in autograd: read by %s", linear, readers)
+        return
+    metrics.deferred_head_logits += 1
+    with graph.inserting_after(linear):
+        detached = graph.call_method("detach", (linear,))
+    v = _val(linear)
+    with v.fake_mode if hasattr(v, "fake_mode") else contextlib.nullcontext():
+        detached.meta["example_value"] = v.detach()
+    linear.replace_all_uses_with(detached, delete_user_cb=lambda u: u is not detached)
+    outs, extra = output.args[0], []
+
+    def source(node):
+        if node is None:
+            return None
+        if node.op == "placeholder":
+            return ("arg", placeholders.index(node))
+        extra.append(node)
+        return ("out", len(outs) + len(extra) - 1)
+
+    head = head_logits.DeferredHead(tuple(i for i, o in enumerate(outs) if o is detached),
+                                    source(x), source(weight), source(bias))
+    graph.owning_module.meta.setdefault(PROGRAM_OUTPUTS, len(outs))
+    graph.owning_module.meta.setdefault(DEFERRED_HEADS, []).append(head)
+    output.args = (type(outs)(list(outs) + extra),)
+
+
+def _reads_only_to_select_rows(n: torch.fx.Node) -> bool:
+    """n is the op itself or the getitem / flatten chain that selects the op's rows of the logits."""
+    while n.target is not torch.ops.ember.linear_cross_entropy.default:
+        if n.target not in (operator.getitem, torch.flatten) or len(n.users) != 1:
+            return False
+        n = next(iter(n.users))
     return True
 
 
