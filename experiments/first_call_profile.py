@@ -8,7 +8,8 @@ Writes OUT.json (first call seconds, ember's compile seconds and cache counters,
 table) and OUT.prof (pstats); for ember also the compile workers' jobs and errors per kernel module. With --cold-then-warm the case runs twice in fresh processes sharing fresh
 cache directories (ember's, inductor's, Triton's): a cold start, a warm one, and a warm one under cProfile (OUT.cold,
 OUT.warm, OUT.warm_profiled; PROBE_PHASES=cold,warm,warm2 names others: a name ending in _profiled is
-profiled). PROBE_PROFILE=0 turns the profile off. `python -m experiments.first_call_profile --show OUT.prof [N]` prints the top N functions by
+profiled; one ending in _jit first empties the compile pool's markers, so that its kernels load through
+Triton's JIT rather than from the workers' binaries). PROBE_PROFILE=0 turns the profile off. `python -m experiments.first_call_profile --show OUT.prof [N]` prints the top N functions by
 cumulative and by own time.
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ def one(anchor: str, backend: str, case: str, out: str) -> None:
         from ember.runtime import compile_pool
         run = compile_pool.CompilePool.run
 
-        def recorded(self, jobs):          # the compile workers' jobs and errors, per kernel module
-            errors = run(self, jobs)
+        def recorded(self, jobs, facts=None):      # the compile workers' jobs and errors, per kernel module
+            errors = run(self, jobs, facts)
             pool_runs.append({"jobs": len(jobs), "errors": len(errors), "first_error": errors[0][-600:] if errors else None})
             return errors
         compile_pool.CompilePool.run = recorded
@@ -107,6 +108,10 @@ def cold_then_warm(anchor: str, backend: str, case: str, out: str) -> None:
                TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"), TRITON_CACHE_DIR=os.path.join(root, "triton"))
     phases = os.environ.get("PROBE_PHASES", "cold,warm,warm_profiled").split(",")
     for phase in phases:
+        if phase.endswith("_jit"):      # the compile pool's markers emptied: the binaries load through Triton's JIT
+            markers = os.path.join(root, "ember", "precompiled")
+            for name in os.listdir(markers) if os.path.isdir(markers) else []:
+                open(os.path.join(markers, name), "w").close()
         profiled = "1" if phase.endswith("_profiled") else "0"
         subprocess.run([sys.executable, "-m", "experiments.first_call_profile", anchor, backend, case,
                         f"{out}.{phase}"], env=dict(env, PROBE_PROFILE=profiled), check=False)

@@ -67,9 +67,9 @@ def _one(anchor: str, case: str) -> dict:
 
     pool_run = compile_pool.CompilePool.run
 
-    def pool_run_counted(self, jobs_):
+    def pool_run_counted(self, jobs_, facts=None):
         jobs[0] += len(jobs_)
-        return pool_run(self, jobs_)
+        return pool_run(self, jobs_, facts)
     autotune.fastest, autotune.Autotuned._tune, autotune.Autotuned.run = fastest_recorded, tune_recorded, run_counted
     compile_pool.CompilePool.run = pool_run_counted
 

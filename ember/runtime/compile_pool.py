@@ -13,13 +13,17 @@ the latest when the first GPU kernel is generated (`start()`), in the background
 imports torch and Triton's compiler before it says it is ready, so that boot overlaps the trace. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
 all compiled once leave a marker in ember's cache (named by the jobs, Triton's version and its cache
 directory): a later process loading the same kernels (a warm start from the graph cache) sends nothing
-and starts no workers.
+and starts no workers. The marker holds what the workers said of each binary (its file in Triton's cache,
+function name, warps, shared memory, parameter layout: `static_launch.binary_facts`): that process's
+Launchers load each binary with torch's C launcher at its first launch, without Triton's JIT
+(runtime/launch.py), where the call is the one the binary was built for.
 """
 from __future__ import annotations
 
 import atexit
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import pickle
@@ -101,18 +105,21 @@ class CompilePool:
                 self.free.append(w)
                 self.lock.notify()
 
-    def run(self, jobs: list) -> list:
-        """Run every job; -> a list of error texts (empty when all compiled)."""
+    def run(self, jobs: list, facts: list | None = None) -> list:
+        """Run every job; -> a list of error texts (empty when all compiled). `facts`, when given, gets per
+        job the workers' facts of its binaries (one per config; None for a failed job)."""
         errors = []
         for done, fut in enumerate([self.threads.submit(self._ask, j) for j in jobs]):
             kernels_compiled(done, len(jobs))
             try:
-                err = fut.result()
+                answer = fut.result()
             except Exception as e:            # a worker died: stop using the pool, launches compile
                 self.broken = True
-                err = str(e)
-            if err:
-                errors.append(err)
+                answer = str(e)
+            if isinstance(answer, str):
+                errors.append(answer)
+            if facts is not None:
+                facts.append(answer.get("facts") if isinstance(answer, dict) else None)
         return errors
 
     def close(self) -> None:
@@ -144,26 +151,39 @@ def _target() -> tuple:
     return (t.backend, t.arch, t.warp_size)
 
 
-def precompile(module, helpers, kernels: list) -> None:
-    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done.
+def config_key(meta: dict) -> str:
+    """A launch config as a key of the binaries' facts (the same in the process that reads the marker)."""
+    return repr(sorted(meta.items()))
+
+
+def precompile(module, helpers, kernels: list) -> dict:
+    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done, with
+    {kernel name: {config_key(config): its binary's facts}} for the binaries the C launcher can take.
     Jobs the pool has compiled before (a warm start: the same module, helpers, target and Triton cache) are
-    not sent again, and a warm start with nothing to send starts no workers."""
+    not sent again, their facts read from the marker, and a warm start with nothing to send starts no workers."""
+    from . import static_launch
     specs = [(k.name, k.warm, cfg) for k in kernels if k.warm is not None for cfg in k.warm.configs]
     if _workers() < 2 or len(specs) < 2:
-        return
+        return {}
     target = _target()
     jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
-             "args": warm.args, "configs": [cfg]} for name, warm, cfg in specs]
+             "args": warm.args, "configs": [cfg], "static_launch": static_launch.__file__}
+            for name, warm, cfg in specs]
     marker = _done_marker(jobs)
     if marker is not None and os.path.exists(marker):
         log.debug("ember: %d kernel configs compiled by an earlier process; no workers asked", len(jobs))
-        return
+        return _read_marker(marker)
     pool = start()
     if pool is None:
-        return
-    errors = pool.run(jobs)
+        return {}
+    answers: list = []
+    errors = pool.run(jobs, answers)
+    binaries: dict = {}
+    for (name, _, cfg), facts in zip(specs, answers):
+        if facts and facts[0] is not None:
+            binaries.setdefault(name, {})[config_key(cfg)] = facts[0]
     if not errors and marker is not None:
-        _write_marker(marker)
+        _write_marker(marker, binaries)
     for err in errors:
         log.debug("ember: a compile worker could not compile a kernel (its launch will): %s", err)
     if errors and len(errors) == len(jobs) and not pool.warned:
@@ -171,6 +191,7 @@ def precompile(module, helpers, kernels: list) -> None:
         log.warning("ember: the compile workers failed on every kernel, so kernels compile one by one at their "
                     "first launch (slower; set ember.config.compile_workers=0 to skip the pool). First error:\n%s",
                     errors[0])
+    return binaries
 
 
 def _done_marker(jobs: list) -> str | None:
@@ -191,13 +212,25 @@ def _done_marker(jobs: list) -> str | None:
         return None
 
 
-def _write_marker(path: str) -> None:
+def _write_marker(path: str, binaries: dict) -> None:
+    from .cache_dir import write_atomically
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w"):
-            pass
-    except OSError as e:
+        write_atomically(path, json.dumps(binaries).encode())
+    except (OSError, TypeError, ValueError) as e:
         log.debug("ember: precompile marker not written: %s", e)
+
+
+def _read_marker(path: str) -> dict:
+    """The binaries' facts a marker holds; {} for a marker without them (an older one, a damaged one): the
+    launches then go through the JIT, which finds the binaries in Triton's cache."""
+    try:
+        with open(path, "rb") as f:
+            binaries = json.loads(f.read() or b"{}")
+        return binaries if isinstance(binaries, dict) else {}
+    except (OSError, ValueError) as e:
+        log.debug("ember: precompile marker unreadable: %s", e)
+        return {}
 
 
 def _triton_cache_dir() -> str | None:

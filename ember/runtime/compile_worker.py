@@ -4,7 +4,9 @@ Started by `compile_pool.py` as `python <this file>` (run by path, not `-m ember
 not import ember, Dynamo or the user's `__main__`). It reads jobs from stdin and answers on stdout, each a
 length-prefixed pickle. A job names a kernel module file, a kernel in it and the arguments of its future
 launch; the worker runs Triton's own `JITFunction.warmup` with those, which compiles exactly the binary
-the parent's first launch will look up, under the same cache key, and leaves it in the cache.
+the parent's first launch will look up, under the same cache key, and leaves it in the cache. It answers
+with what launching each binary takes (`static_launch.binary_facts`: its file in the cache, function
+name, warps, shared memory, parameter layout), so that a later process can load it without the JIT.
 
 The worker never touches the GPU: Triton's driver is told the target (architecture) the parent found,
 and device/stream queries answer 0, so no CUDA context is created per worker.
@@ -94,14 +96,28 @@ class Worker:
             self.modules[path] = _load(path, {"helpers": helpers})
         return self.modules[path]
 
-    def compile(self, job: dict) -> None:
+    def compile(self, job: dict) -> list:
+        """-> per config, its binary's facts (static_launch.binary_facts) or None."""
         # job["args"]: a torch.dtype per pointer (Triton's warm-up takes a dtype for a tensor), else ints
         self._aim(job["target"])
         fn = getattr(self._module(job["path"], job["helpers"]), job["kernel"])
+        facts = []
         for meta in job["configs"]:
             kernel = fn.warmup(*job["args"], grid=(1,), **meta)
             if kernel is not None:
                 build_launcher(kernel)
+            facts.append(self._facts(job, kernel))
+        return facts
+
+    def _facts(self, job: dict, kernel):
+        if kernel is None or not job.get("static_launch"):
+            return None
+        try:
+            if "static_launch" not in self.modules:
+                self.modules["static_launch"] = _load(job["static_launch"], {})
+            return self.modules["static_launch"].binary_facts(kernel, len(job["args"]))
+        except Exception:          # the parent's first launch goes through the JIT, as without facts
+            return None
 
 
 def _preload() -> None:
@@ -141,8 +157,7 @@ def main() -> None:
         if job is None:
             return
         try:
-            worker.compile(job)
-            _write(stdout, None)
+            _write(stdout, {"facts": worker.compile(job)})
         except Exception:
             _write(stdout, traceback.format_exc(limit=4))
 

@@ -17,6 +17,12 @@ warps). A launch hook (a profiler such as proton) or an unknown calling conventi
 through the JIT, as a first call does. A hook counts as set only when it would run something: Triton >= 3.4 keeps an
 empty HookChain where older versions keep None (`_hook_test`).
 
+A warm start does not need the JIT even for the first call: where the compile workers built a kernel's
+binary for the call (runtime/compile_pool.py), the Launcher holds what launching it takes, and its first
+call with the arguments the binary was built for loads the binary through torch's C launcher
+(`static_launch.load_binary`) instead of asking the JIT, which would hash the kernel's source and its
+dependencies, compute its cache key and read the binary back through Triton's cache.
+
 A generated wrapper calls each kernel from a call site of its own (`call_site`): one function per line of
 the wrapper, `site(grid, *args)`, generated at its first call for that line's arguments and meta. Its key is
 shorter: the wrapper fixes each argument's dtype when it is compiled (Dynamo guards its inputs' dtypes, and
@@ -28,12 +34,16 @@ experiments.launch_probe --cpu`).
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 import torch
 
 from .. import config
-from .static_launch import static_launch
+from .compile_pool import config_key
+from .static_launch import load_binary, static_launch
+
+log = logging.getLogger("ember")
 
 _MAX_SPECIALIZATIONS = 64       # sizes of a dynamic graph vary; past this many, launch through the JIT
 
@@ -122,9 +132,14 @@ def _site_path(launcher: "Launcher", n_args: int, tensor_pos, meta: dict) -> Cal
     args = f"({''.join(n + ', ' for n in names)})"
 
     def miss(key, grid, args):
-        kernel = launcher.fn[grid](*args, **meta)
-        go = launcher.bound(kernel, len(args), len(grid), meta) if len(fast) < _MAX_SPECIALIZATIONS else None
-        if go is not None:
+        kernel = None
+        go = launcher.preloaded(key[0], len(grid), args, meta) if not key[1] else None
+        if go is None:
+            kernel = launcher.fn[grid](*args, **meta)
+            go = launcher.bound(kernel, len(args), len(grid), meta)
+        else:
+            go(grid, scope["stream"](key[0]), _pointers(args))
+        if go is not None and len(fast) < _MAX_SPECIALIZATIONS:
             fast[key] = go
         return kernel
 
@@ -157,11 +172,14 @@ class Launcher:
     """A Triton JITFunction; `launcher[grid](*args, **meta)` and `launcher.launch(grid, args, meta)` launch it
     like the JITFunction would."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, binaries: Optional[dict] = None, built_for: Optional[list] = None):
         self.fn = fn
         self.fast: dict = {}          # specialization key -> go(grid, stream, args)
         self._names = [p.name for p in fn.params]
         self._constexpr = {p.name for p in fn.params if p.is_constexpr}
+        # {config_key(meta): static_launch.binary_facts} of the binaries the compile workers built, for
+        # calls with the arguments of `built_for` (a dtype per pointer, the value of every other argument)
+        self.binaries, self.built_for = binaries or {}, built_for
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
@@ -190,6 +208,12 @@ class Launcher:
         in meta, and the kernel has the launcher attributes of Triton >= 3.0. The launch function goes
         through torch's C launcher where that can take the kernel, else through the compiled kernel's own
         launcher. A call that cannot be replayed sends this kernel's launches through the JIT for good."""
+        go = self.preloaded(key[0], len(grid), args, meta)
+        if go is not None:
+            go(grid, _device_and_stream()[1](key[0]), _pointers(args))
+            if len(self.fast) < _MAX_SPECIALIZATIONS:
+                self.fast[key] = go
+            return None
         kernel = self.fn[grid](*args, **meta)
         if len(self.fast) >= _MAX_SPECIALIZATIONS or kernel is None:
             return kernel
@@ -199,6 +223,21 @@ class Launcher:
             return kernel
         self.fast[key] = go
         return kernel
+
+    def preloaded(self, device: int, grid_rank: int, args, meta: dict) -> Optional[Callable]:
+        """go(grid, stream, args) for this call from the binary the compile workers built for it, loaded
+        without the JIT; None when there is none or the call is not the one it was built for: each pointer
+        of its dtype and 16-byte aligned, every other argument equal to the value it was built with (Triton's
+        JIT would then pick that same binary), the parameters after the call's all constexprs in meta."""
+        facts = self.binaries.get(config_key(meta)) if self.binaries else None
+        if facts is None or not config.static_launch or not _built_for(self.built_for, args) \
+                or any(n not in self._constexpr or n not in meta for n in self._names[len(args):]):
+            return None
+        try:
+            return load_binary(facts, device, grid_rank)
+        except Exception as e:      # noqa: BLE001 - a binary gone from Triton's cache: the JIT compiles it
+            log.debug("ember: %s: the workers' binary did not load (%s); launching through Triton", self.fn, e)
+            return None
 
     def bound(self, kernel, n_args: int, grid_rank: int, meta: dict) -> Optional[Callable]:
         """go(grid, stream, args) launching the compiled `kernel` again, `args` with integer pointers in place
@@ -219,3 +258,20 @@ class Launcher:
             def go(grid, stream, args):
                 run(*grid, *pad, stream, function, packed, None, None, None, *args, *tail)
         return go
+
+
+def _pointers(args) -> tuple:
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _built_for(built_for: Optional[list], args) -> bool:
+    """Whether a call with `args` gets the binary built for `built_for` (a dtype per pointer, else values)."""
+    if built_for is None or len(built_for) != len(args):
+        return False
+    for spec, a in zip(built_for, args):
+        if isinstance(spec, torch.dtype):
+            if not isinstance(a, torch.Tensor) or a.dtype != spec or a.data_ptr() & 15:
+                return False
+        elif isinstance(a, torch.Tensor) or type(a) is not type(spec) or a != spec:
+            return False
+    return True

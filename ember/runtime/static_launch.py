@@ -41,8 +41,16 @@ def _meta(kernel, name, default=None):
 
 def _unsupported(kernel) -> Optional[str]:
     """Why this compiled kernel cannot go through the C launcher, or None."""
-    if getattr(kernel, "function", None) is None or not hasattr(kernel, "metadata") or not hasattr(kernel, "src"):
+    if getattr(kernel, "function", None) is None:
         return "not a compiled kernel with a loaded function handle"
+    return unsupported_binary(kernel)
+
+
+def unsupported_binary(kernel) -> Optional[str]:
+    """Why this compiled kernel's binary cannot go through the C launcher once loaded, or None (from its
+    metadata alone: a compile worker asks before any function is loaded)."""
+    if not hasattr(kernel, "metadata") or not hasattr(kernel, "src"):
+        return "not a compiled kernel"
     if _meta(kernel, "num_ctas", 1) != 1:
         return "several CTAs per program"
     if _meta(kernel, "launch_cooperative_grid", False) or _meta(kernel, "launch_pdl", False):
@@ -80,8 +88,18 @@ def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
     """go(grid, stream, args) launching `kernel` (a Triton CompiledKernel) over a grid of grid_rank dims
     through torch's C launcher, generated once (one frame a launch), or None where it cannot (see the
     module docstring). `args` holds each tensor's data pointer (an int) in its place."""
-    launch = c_launcher()
-    if launch is None or _unsupported(kernel) is not None:
+    if c_launcher() is None or _unsupported(kernel) is not None:
+        return None
+    facts = binary_facts(kernel, n_args)
+    return None if facts is None else _generated(kernel.function, facts, grid_rank)
+
+
+def binary_facts(kernel, n_args: int) -> Optional[dict]:
+    """What launching this compiled kernel's binary through the C launcher takes, as plain data (the
+    compile workers send it with each binary they build, runtime/compile_pool.py): its file, function name,
+    warps, shared memory, the positions of the call's arguments the function takes and their type codes
+    (with a pointer per scratch area the Triton version declares). None where the C launcher cannot take it."""
+    if unsupported_binary(kernel) is not None:
         return None
     layout = parameter_layout(kernel.src, n_args)
     if layout is None:
@@ -89,10 +107,28 @@ def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
     keep, codes = layout
     # a Triton that declares a scratch area's size also gives the function a pointer parameter for it
     n_scratch = sum(hasattr(kernel.metadata, s) for s in ("global_scratch_size", "profile_scratch_size"))
-    params = [f"a[{i}]" for i in keep] + ["None"] * n_scratch
+    group = getattr(kernel, "metadata_group", None) or {}
+    binary = next((path for name, path in group.items() if name.endswith(".cubin")), None)
+    return {"binary": binary, "name": _meta(kernel, "name"), "warps": _meta(kernel, "num_warps"),
+            "shared": _meta(kernel, "shared"), "keep": keep, "codes": codes + "O" * n_scratch, "n_scratch": n_scratch}
+
+
+def load_binary(facts: dict, device: int, grid_rank: int) -> Optional[Callable]:
+    """go(grid, stream, args) for a binary the compile workers built (`binary_facts`), its function loaded
+    from the file by torch's C launcher for `device`, without Triton's JIT: no source hashing, no cache
+    lookup, no CompiledKernel. None where there is no C launcher or no file."""
+    loader = getattr(getattr(torch._C, "_StaticCudaLauncher", None), "_load_kernel", None)
+    if c_launcher() is None or loader is None or not facts.get("binary"):
+        return None
+    function = loader(facts["binary"], facts["name"], facts["shared"], device)[0]
+    return _generated(function, facts, grid_rank)
+
+
+def _generated(function, facts: dict, grid_rank: int) -> Callable:
+    params = [f"a[{i}]" for i in facts["keep"]] + ["None"] * facts["n_scratch"]
     grid = [f"grid[{d}]" if d < grid_rank else "1" for d in range(3)]
-    scope = {"launch": launch, "function": kernel.function, "warps": _meta(kernel, "num_warps"),
-             "shared": _meta(kernel, "shared"), "codes": codes + "O" * n_scratch}
+    scope = {"launch": c_launcher(), "function": function, "warps": facts["warps"], "shared": facts["shared"],
+             "codes": facts["codes"]}
     exec(f"def go(grid, stream, a):\n"
          f"    launch(function, {', '.join(grid)}, warps, shared, codes, ({''.join(p + ', ' for p in params)}), stream)\n",
          scope)

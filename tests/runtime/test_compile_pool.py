@@ -43,6 +43,22 @@ def test_workers_fill_tritons_cache_one_binary_per_config(pool, tmp_path):
     assert len(cubins) == 2
 
 
+def test_workers_say_what_launching_each_binary_takes(pool, tmp_path):
+    """Each answer names the binary's file in Triton's cache, its function, warps and shared memory, and the
+    call's arguments its function takes (both pointers and the size, as an i32) with their C type codes."""
+    from ember.runtime import static_launch
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
+    cfgs = [{"XBLOCK": 256, "num_warps": 4}, {"XBLOCK": 1024, "num_warps": 8}]
+    facts = []
+    jobs = [dict(_job(mod, "scale", c), static_launch=static_launch.__file__) for c in cfgs]
+    assert pool.run(jobs, facts) == []
+    for cfg, (f,) in zip(cfgs, facts):
+        assert f["binary"].startswith(str(tmp_path / "triton")) and f["binary"].endswith(".cubin")
+        assert os.path.exists(f["binary"])
+        assert f["name"] == "scale" and f["warps"] == cfg["num_warps"] and f["shared"] >= 0
+        assert f["keep"] == [0, 1, 2] and f["codes"] == "OOi" + "O" * f["n_scratch"]
+
+
 def test_a_failing_job_is_reported_and_the_rest_still_compile(pool, tmp_path):
     mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
     errors = pool.run([_job(mod, "no_such_kernel", {"XBLOCK": 64}), _job(mod, "scale", {"XBLOCK": 128})])
@@ -117,7 +133,7 @@ def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
     class Broken:
         broken = warned = False
 
-        def run(self, jobs):
+        def run(self, jobs, facts=None):
             return ["RuntimeError: no GPU here"] * len(jobs)
     broken = Broken()
     monkeypatch.setattr(compile_pool, "start", lambda: broken)
@@ -134,7 +150,8 @@ def test_workers_failing_on_every_kernel_warn_once(monkeypatch, caplog):
 
 def test_a_warm_start_asks_no_workers(monkeypatch, tmp_path):
     """Jobs the pool compiled into the current Triton cache are not sent again from a later process (the
-    same module, configs and cache): no workers start. Another Triton cache sends them again."""
+    same module, configs and cache): no workers start, and what the workers said of each binary comes back
+    from the marker. Another Triton cache sends them again."""
     import types
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "ember"))
     triton_cache = tmp_path / "triton"
@@ -146,16 +163,19 @@ def test_a_warm_start_asks_no_workers(monkeypatch, tmp_path):
     class Pool:
         broken = warned = False
 
-        def run(self, jobs):
+        def run(self, jobs, facts=None):
             runs.append(len(jobs))
+            facts += [[{"binary": f"/cache/{j['kernel']}.cubin", "warps": 4}] for j in jobs]
             return []
     monkeypatch.setattr(compile_pool, "start", lambda: Pool())
     mod = types.SimpleNamespace(__file__="ember_kernels_0123.py")
     kernels = [types.SimpleNamespace(name=f"k{i}", warm=compile_pool.WarmSpec([torch.float32, 8], [{"XBLOCK": 8}]))
                for i in range(3)]
-    compile_pool.precompile(mod, mod, kernels)
+    cold = compile_pool.precompile(mod, mod, kernels)
+    key = compile_pool.config_key({"XBLOCK": 8})
+    assert cold == {f"k{i}": {key: {"binary": f"/cache/k{i}.cubin", "warps": 4}} for i in range(3)}
     monkeypatch.setattr(compile_pool, "start", lambda: pytest.fail("a warm start started the workers"))
-    compile_pool.precompile(mod, mod, kernels)
+    assert compile_pool.precompile(mod, mod, kernels) == cold
     assert runs == [3]
     other = tmp_path / "triton2"
     other.mkdir()
@@ -202,3 +222,75 @@ def test_triton_key_is_hashed_ahead_in_the_workers_and_the_parent():
     assert triton_key.hash_in_background() is thread          # once per process
     thread.join(60)
     assert key.cache_info().currsize == 1 and key() == key()
+
+
+def test_a_call_the_binary_was_built_for():
+    """The preloaded binary serves exactly the calls Triton's JIT would give it: pointers of the built
+    dtypes, 16-byte aligned, and every other argument equal to the built value (of the same type)."""
+    from ember.runtime.launch import _built_for
+    x, y = torch.randn(64).bfloat16(), torch.randn(64)
+    built = [torch.bfloat16, torch.float32, 4096]
+    assert _built_for(built, (x, y, 4096))
+    assert not _built_for(built, (x, y, 4095))              # another size: another specialization, maybe
+    assert not _built_for(built, (x, y, True))              # a bool is no int
+    assert not _built_for(built, (y, y, 4096))              # another dtype
+    assert not _built_for(built, (x[1:], y, 4096))          # a pointer 2 bytes past alignment
+    assert not _built_for(built, (x, y))
+    assert not _built_for(None, (x, y, 4096))
+
+
+def test_a_first_call_launches_the_preloaded_binary_without_the_jit(monkeypatch):
+    """A wrapper line's first call with the arguments a worker built the binary for goes straight to the
+    binary (loaded by torch's C launcher, here a stand-in): no JIT launch; pointers go as integers. A call
+    with other arguments goes through the JIT."""
+    pytest.importorskip("triton")
+    from ember.runtime import launch
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # a JITFunction, as on a GPU
+    mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
+    meta = {"XBLOCK": 512, "num_warps": 4}
+    facts = {"binary": "/cache/scale.cubin", "name": "scale"}
+    loads, launches, jit = [], [], []
+    monkeypatch.setattr(launch, "_device_and_stream", lambda: (lambda: 0, lambda d: 7))
+    monkeypatch.setattr(launch, "load_binary", lambda f, d, r: loads.append((f, d, r)) or
+                        (lambda grid, stream, a: launches.append((grid, stream, a))))
+    launcher = launch.Launcher(mod.scale, {compile_pool.config_key(meta): facts}, [torch.bfloat16, torch.float32, 4096])
+    monkeypatch.setattr(launcher, "jit_launch", lambda *a: jit.append(a))
+    monkeypatch.setattr(type(mod.scale), "__getitem__", lambda self, grid: lambda *a, **m: jit.append(a))
+    sites = []
+    site = launcher.site(meta, sites.append)
+    x, out = torch.randn(4096).bfloat16(), torch.empty(4096)
+    site((8,), x, out, 4096)
+    assert loads == [(facts, 0, 1)] and jit == []
+    assert launches == [((8,), 7, (x.data_ptr(), out.data_ptr(), 4096))]
+    sites[0]((8,), x, out, 4096)                # the same key: the same launch function, loaded once
+    assert len(launches) == 2 and len(loads) == 1
+    sites[0]((8,), x, out, 2048)                # another size: the JIT's
+    assert len(jit) == 1 and len(loads) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launching needs a GPU")
+def test_the_workers_binary_launches_without_the_jit(tmp_path, monkeypatch):
+    """On a GPU: the binary a worker built, loaded from its file by torch's C launcher, computes what the
+    kernel should, at the first call and the next, and Triton's JIT is never asked."""
+    from ember.runtime import launch, static_launch
+    if static_launch.c_launcher() is None:
+        pytest.skip("this torch has no C launcher")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    pool = compile_pool.CompilePool(2)
+    meta = {"XBLOCK": 512, "num_warps": 4}
+    try:
+        mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
+        job = dict(_job(mod, "scale", meta), target=compile_pool._target(), static_launch=static_launch.__file__)
+        facts = []
+        assert pool.run([job], facts) == [] and facts[0][0] is not None
+    finally:
+        pool.close()
+    launcher = launch.Launcher(mod.scale, {compile_pool.config_key(meta): facts[0][0]}, job["args"])
+    monkeypatch.setattr(type(mod.scale), "__getitem__", lambda self, grid: pytest.fail("the JIT was asked"))
+    sites = []
+    site = launcher.site(meta, sites.append)
+    for _ in range(2):
+        x = torch.randn(4096, device="cuda").bfloat16()
+        out = torch.empty(4096, device="cuda")
+        (sites[0] if sites else site)((8,), x, out, 4096)
+        torch.testing.assert_close(out, x.float() * 3.0)

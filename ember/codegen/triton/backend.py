@@ -165,20 +165,19 @@ class TritonBackend(KernelBackend):
             check_interpreter()
         source = module_header(self.interpreted) + "\n\n".join(k.source for k in kernels)
         mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
-        if not self.interpreted:
-            compile_pool.precompile(mod, triton_helpers(), kernels)
-        return {k.name: self._loaded(mod, k) for k in kernels}
+        binaries = {} if self.interpreted else compile_pool.precompile(mod, triton_helpers(), kernels)
+        return {k.name: self._loaded(mod, k, binaries.get(k.name)) for k in kernels}
 
-    def _loaded(self, mod, k):
-        fn = self._launchable(getattr(mod, k.name))
+    def _loaded(self, mod, k, binaries):
+        fn = self._launchable(getattr(mod, k.name), binaries, k.warm.args if k.warm is not None else None)
         if isinstance(k.tuning, TemplateTuning):
             return TemplateChoice(fn, k.tuning, k.source)
         return Autotuned(fn, k.tuning, k.source) if k.tuning else fn
 
-    def _launchable(self, fn):
+    def _launchable(self, fn, binaries=None, built_for=None):
         if self.interpreted or not config.fast_launch or is_interpreted(fn):
             return fn
-        return Launcher(fn)
+        return Launcher(fn, binaries, built_for)
 
 
 _helpers: dict = {}
