@@ -24,6 +24,7 @@ _COUNTS = {
     "graph_cache_hits": "graphs loaded from the on-disk graph cache",
     "graph_cache_misses": "graphs compiled while the graph cache was on",
     "whole_graph_hits": "Dynamo graphs loaded whole, AOTAutograd's trace and partition included",
+    "binaries_loaded": "Triton kernels' first launches that loaded the compile workers' binary without the JIT",
     "template_kernels": "GEMM template kernels generated",
     "fused_epilogue_nodes": "pointwise nodes computed in a GEMM template's epilogue",
     "collective_buckets": "buckets of collectives merged into one (graph/passes/bucket_collectives.py)",
@@ -36,7 +37,7 @@ graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks =
 scatters_in_place = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
-graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = 0
+graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = binaries_loaded = 0
 template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
 flex_attention_kernels = short_attention_kernels = deferred_head_logits = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)

@@ -90,7 +90,7 @@ def one(anchor: str, backend: str, case: str, out: str) -> None:
         m = ember.metrics
         record.update(compile_s=round(m.compile_seconds, 3), graph_cache_hits=m.graph_cache_hits,
                       graph_cache_misses=m.graph_cache_misses, whole_graph_hits=getattr(m, "whole_graph_hits", None),
-                      pool_runs=pool_runs, pool_started=bool(compile_pool._pool))
+                      binaries_loaded=getattr(m, "binaries_loaded", None), pool_runs=pool_runs, pool_started=bool(compile_pool._pool))
     with open(out + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print(json.dumps({k: v for k, v in record.items() if k != "dynamo"}), flush=True)

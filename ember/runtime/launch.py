@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import config
+from .. import config, metrics
 from .compile_pool import config_key
 from .static_launch import load_binary, static_launch
 
@@ -180,6 +180,9 @@ class Launcher:
         # {config_key(meta): static_launch.binary_facts} of the binaries the compile workers built, for
         # calls with the arguments of `built_for` (a dtype per pointer, the value of every other argument)
         self.binaries, self.built_for = binaries or {}, built_for
+        # parameters Triton does not specialize on their value (a layer's seed position): any value of
+        # the same width gets the same binary
+        self._unspecialized = frozenset(i for i, p in enumerate(fn.params) if getattr(p, "do_not_specialize", False))
 
     def __getitem__(self, grid):
         return lambda *args, **meta: self.launch(grid, args, meta)
@@ -230,11 +233,13 @@ class Launcher:
         of its dtype and 16-byte aligned, every other argument equal to the value it was built with (Triton's
         JIT would then pick that same binary), the parameters after the call's all constexprs in meta."""
         facts = self.binaries.get(config_key(meta)) if self.binaries else None
-        if facts is None or not config.static_launch or not _built_for(self.built_for, args) \
+        if facts is None or not config.static_launch or not _built_for(self.built_for, args, self._unspecialized) \
                 or any(n not in self._constexpr or n not in meta for n in self._names[len(args):]):
             return None
         try:
-            return load_binary(facts, device, grid_rank)
+            go = load_binary(facts, device, grid_rank)
+            metrics.binaries_loaded += go is not None
+            return go
         except Exception as e:      # noqa: BLE001 - a binary gone from Triton's cache: the JIT compiles it
             log.debug("ember: %s: the workers' binary did not load (%s); launching through Triton", self.fn, e)
             return None
@@ -264,14 +269,25 @@ def _pointers(args) -> tuple:
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _built_for(built_for: Optional[list], args) -> bool:
-    """Whether a call with `args` gets the binary built for `built_for` (a dtype per pointer, else values)."""
+def _built_for(built_for: Optional[list], args, unspecialized=frozenset()) -> bool:
+    """Whether a call with `args` gets the binary built for `built_for` (a dtype per pointer, else values;
+    at the `unspecialized` positions only the value's type and integer width count)."""
     if built_for is None or len(built_for) != len(args):
         return False
-    for spec, a in zip(built_for, args):
+    for i, (spec, a) in enumerate(zip(built_for, args)):
         if isinstance(spec, torch.dtype):
             if not isinstance(a, torch.Tensor) or a.dtype != spec or a.data_ptr() & 15:
                 return False
-        elif isinstance(a, torch.Tensor) or type(a) is not type(spec) or a != spec:
+        elif isinstance(a, torch.Tensor) or type(a) is not type(spec):
+            return False
+        elif i in unspecialized and isinstance(a, int):
+            if _width(a) != _width(spec):
+                return False
+        elif i not in unspecialized and a != spec:
             return False
     return True
+
+
+def _width(v: int) -> int:
+    """The integer type Triton gives an argument it does not specialize: i32, i64 or u64."""
+    return 32 if -2**31 <= v < 2**31 else 64 if -2**63 <= v < 2**63 else 65

@@ -237,6 +237,9 @@ def test_a_call_the_binary_was_built_for():
     assert not _built_for(built, (x[1:], y, 4096))          # a pointer 2 bytes past alignment
     assert not _built_for(built, (x, y))
     assert not _built_for(None, (x, y, 4096))
+    # a parameter Triton does not specialize (a layer's seed position): any value of the same width
+    assert _built_for(built, (x, y, 17), unspecialized={2})
+    assert not _built_for(built, (x, y, 2**40), unspecialized={2})
 
 
 def test_a_first_call_launches_the_preloaded_binary_without_the_jit(monkeypatch):
@@ -260,7 +263,7 @@ def test_a_first_call_launches_the_preloaded_binary_without_the_jit(monkeypatch)
     site = launcher.site(meta, sites.append)
     x, out = torch.randn(4096).bfloat16(), torch.empty(4096)
     site((8,), x, out, 4096)
-    assert loads == [(facts, 0, 1)] and jit == []
+    assert loads == [(facts, 0, 1)] and jit == [] and ember.metrics.binaries_loaded == 1
     assert launches == [((8,), 7, (x.data_ptr(), out.data_ptr(), 4096))]
     sites[0]((8,), x, out, 4096)                # the same key: the same launch function, loaded once
     assert len(launches) == 2 and len(loads) == 1
