@@ -120,8 +120,14 @@ def load_binary(facts: dict, device: int, grid_rank: int) -> Optional[Callable]:
     loader = getattr(getattr(torch._C, "_StaticCudaLauncher", None), "_load_kernel", None)
     if c_launcher() is None or loader is None or not facts.get("binary"):
         return None
-    function = loader(facts["binary"], facts["name"], facts["shared"], device)[0]
+    key = (facts["binary"], facts["name"], device)
+    function = _loaded.get(key)
+    if function is None:        # once per binary and device: a kernel launched from several wrapper lines
+        function = _loaded[key] = loader(facts["binary"], facts["name"], facts["shared"], device)[0]
     return _generated(function, facts, grid_rank)
+
+
+_loaded: dict = {}          # (binary file, function name, device) -> the loaded function handle
 
 
 def _generated(function, facts: dict, grid_rank: int) -> Callable:

@@ -297,3 +297,27 @@ def test_the_workers_binary_launches_without_the_jit(tmp_path, monkeypatch):
         out = torch.empty(4096, device="cuda")
         (sites[0] if sites else site)((8,), x, out, 4096)
         torch.testing.assert_close(out, x.float() * 3.0)
+
+
+def test_a_binary_is_loaded_once_per_device(monkeypatch):
+    """Wrapper lines that launch the same binary share its function handle: one module load per device."""
+    from ember.runtime import static_launch
+    loads, launches = [], []
+
+    class FakeLauncher:
+        @staticmethod
+        def _load_kernel(path, name, shared, device):
+            loads.append((path, device))
+            return (1000 + len(loads), 32, 0)
+
+        @staticmethod
+        def _launch_kernel(*args):
+            launches.append(args)
+    monkeypatch.setattr(torch._C, "_StaticCudaLauncher", FakeLauncher, raising=False)
+    monkeypatch.setattr(static_launch, "_loaded", {})
+    facts = {"binary": "/cache/k.cubin", "name": "k", "warps": 4, "shared": 0, "keep": [0, 2], "codes": "Oi",
+             "n_scratch": 0}
+    go = [static_launch.load_binary(facts, device, 1) for device in (0, 0, 1)]
+    assert loads == [("/cache/k.cubin", 0), ("/cache/k.cubin", 1)]
+    go[1]((4,), 7, (123, 5, 64))
+    assert launches == [(1001, 4, 1, 1, 4, 0, "Oi", (123, 64), 7)]
