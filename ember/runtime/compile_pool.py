@@ -213,24 +213,28 @@ def _done_marker(jobs: list) -> str | None:
 
 
 def _write_marker(path: str, binaries: dict) -> None:
-    from .cache_dir import write_atomically
+    from .cache_dir import write_checked
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomically(path, json.dumps(binaries).encode())
+        write_checked(path, json.dumps(binaries).encode())
     except (OSError, TypeError, ValueError) as e:
         log.debug("ember: precompile marker not written: %s", e)
 
 
 def _read_marker(path: str) -> dict:
-    """The binaries' facts a marker holds; {} for a marker without them (an older one, a damaged one): the
-    launches then go through the JIT, which finds the binaries in Triton's cache."""
+    """The binaries' facts a marker holds; {} for a marker without them (an older one, a truncated or
+    corrupted one: its checksum fails): the launches then go through the JIT, which finds the binaries in
+    Triton's cache."""
+    from .cache_dir import read_checked
+    payload = read_checked(path)
     try:
-        with open(path, "rb") as f:
-            binaries = json.loads(f.read() or b"{}")
-        return binaries if isinstance(binaries, dict) else {}
-    except (OSError, ValueError) as e:
-        log.debug("ember: precompile marker unreadable: %s", e)
+        binaries = json.loads(payload) if payload is not None else None
+    except ValueError:
+        binaries = None
+    if not isinstance(binaries, dict):
+        log.debug("ember: precompile marker %s holds no binaries' facts; the kernels load through the JIT", path)
         return {}
+    return binaries
 
 
 def _triton_cache_dir() -> str | None:

@@ -20,6 +20,7 @@ descriptors, a parameter type without a C code here) gets None, and launches thr
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Callable, Optional
 
 import torch
@@ -109,20 +110,30 @@ def binary_facts(kernel, n_args: int) -> Optional[dict]:
     n_scratch = sum(hasattr(kernel.metadata, s) for s in ("global_scratch_size", "profile_scratch_size"))
     group = getattr(kernel, "metadata_group", None) or {}
     binary = next((path for name, path in group.items() if name.endswith(".cubin")), None)
-    return {"binary": binary, "name": _meta(kernel, "name"), "warps": _meta(kernel, "num_warps"),
-            "shared": _meta(kernel, "shared"), "keep": keep, "codes": codes + "O" * n_scratch, "n_scratch": n_scratch}
+    return {"binary": binary, "sha256": _digest(binary) if binary else None, "name": _meta(kernel, "name"),
+            "warps": _meta(kernel, "num_warps"), "shared": _meta(kernel, "shared"), "keep": keep,
+            "codes": codes + "O" * n_scratch, "n_scratch": n_scratch}
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def load_binary(facts: dict, device: int, grid_rank: int) -> Optional[Callable]:
     """go(grid, stream, args) for a binary the compile workers built (`binary_facts`), its function loaded
     from the file by torch's C launcher for `device`, without Triton's JIT: no source hashing, no cache
-    lookup, no CompiledKernel. None where there is no C launcher or no file."""
+    lookup, no CompiledKernel. None where there is no C launcher or no file; ValueError where the file's
+    checksum is not the one the worker recorded."""
     loader = getattr(getattr(torch._C, "_StaticCudaLauncher", None), "_load_kernel", None)
     if c_launcher() is None or loader is None or not facts.get("binary"):
         return None
     key = (facts["binary"], facts["name"], device)
     function = _loaded.get(key)
     if function is None:        # once per binary and device: a kernel launched from several wrapper lines
+        # a file that is not the one the worker built (truncated, replaced) is never loaded
+        if facts.get("sha256") is None or _digest(facts["binary"]) != facts["sha256"]:
+            raise ValueError(f"{facts['binary']} is not the binary the compile worker built")
         function = _loaded[key] = loader(facts["binary"], facts["name"], facts["shared"], device)[0]
     return _generated(function, facts, grid_rank)
 

@@ -2,6 +2,7 @@
 compile) into Triton's on-disk cache, one binary per launch config, and a job that fails comes back as
 text without stopping the others. (On a GPU, `scripts/compile_time.py` checks that the first launches
 then load these binaries: the graph's first call gets faster.)"""
+import hashlib
 import os
 
 import pytest
@@ -55,6 +56,7 @@ def test_workers_say_what_launching_each_binary_takes(pool, tmp_path):
     for cfg, (f,) in zip(cfgs, facts):
         assert f["binary"].startswith(str(tmp_path / "triton")) and f["binary"].endswith(".cubin")
         assert os.path.exists(f["binary"])
+        assert f["sha256"] == hashlib.sha256(open(f["binary"], "rb").read()).hexdigest()
         assert f["name"] == "scale" and f["warps"] == cfg["num_warps"] and f["shared"] >= 0
         assert f["keep"] == [0, 1, 2] and f["codes"] == "OOi" + "O" * f["n_scratch"]
 
@@ -299,9 +301,13 @@ def test_the_workers_binary_launches_without_the_jit(tmp_path, monkeypatch):
         torch.testing.assert_close(out, x.float() * 3.0)
 
 
-def test_a_binary_is_loaded_once_per_device(monkeypatch):
-    """Wrapper lines that launch the same binary share its function handle: one module load per device."""
+def test_a_binary_is_loaded_once_per_device(monkeypatch, tmp_path):
+    """Wrapper lines that launch the same binary share its function handle: one module load per device. A
+    file that is not the one the worker built (its checksum differs) is never loaded."""
+    import hashlib
     from ember.runtime import static_launch
+    binary = tmp_path / "k.cubin"
+    binary.write_bytes(b"\x7fELF a kernel")
     loads, launches = [], []
 
     class FakeLauncher:
@@ -315,9 +321,27 @@ def test_a_binary_is_loaded_once_per_device(monkeypatch):
             launches.append(args)
     monkeypatch.setattr(torch._C, "_StaticCudaLauncher", FakeLauncher, raising=False)
     monkeypatch.setattr(static_launch, "_loaded", {})
-    facts = {"binary": "/cache/k.cubin", "name": "k", "warps": 4, "shared": 0, "keep": [0, 2], "codes": "Oi",
-             "n_scratch": 0}
+    facts = {"binary": str(binary), "sha256": hashlib.sha256(binary.read_bytes()).hexdigest(), "name": "k",
+             "warps": 4, "shared": 0, "keep": [0, 2], "codes": "Oi", "n_scratch": 0}
     go = [static_launch.load_binary(facts, device, 1) for device in (0, 0, 1)]
-    assert loads == [("/cache/k.cubin", 0), ("/cache/k.cubin", 1)]
+    assert loads == [(str(binary), 0), (str(binary), 1)]
     go[1]((4,), 7, (123, 5, 64))
     assert launches == [(1001, 4, 1, 1, 4, 0, "Oi", (123, 64), 7)]
+    binary.write_bytes(b"\x7fELF another kernel")
+    with pytest.raises(ValueError, match="not the binary"):
+        static_launch.load_binary(facts, 2, 1)
+    assert len(loads) == 2
+
+
+def test_a_damaged_marker_gives_no_binaries(tmp_path):
+    """The marker's facts are read only when its checksum holds: truncated or altered, it gives none (the
+    kernels then load through the JIT)."""
+    path = str(tmp_path / "marker")
+    facts = {"k0": {compile_pool.config_key({"XBLOCK": 8}): {"binary": "/cache/k0.cubin"}}}
+    compile_pool._write_marker(path, facts)
+    assert compile_pool._read_marker(path) == facts
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-3])
+    assert compile_pool._read_marker(path) == {}
+    open(path, "wb").write(data.replace(b"k0.cubin", b"k1.cubin"))
+    assert compile_pool._read_marker(path) == {}
