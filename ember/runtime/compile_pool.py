@@ -13,8 +13,9 @@ the latest when the first GPU kernel is generated (`start()`), in the background
 imports torch and Triton's compiler before it says it is ready, so that boot overlaps the trace. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
 all compiled once leave a marker in ember's cache (named by the jobs, Triton's version and its cache
 directory): a later process loading the same kernels (a warm start from the graph cache) sends nothing
-and starts no workers. The marker holds what the workers said of each binary (its file in Triton's cache,
-function name, warps, shared memory, parameter layout: `static_launch.binary_facts`): that process's
+and starts no workers. The marker (checksummed) holds what the workers said of each binary (its file in
+Triton's cache and that file's SHA-256, function name, warps, shared memory, parameter layout:
+`static_launch.binary_facts`): that process's
 Launchers load each binary with torch's C launcher at its first launch, without Triton's JIT
 (runtime/launch.py), where the call is the one the binary was built for.
 """
