@@ -254,6 +254,26 @@ def test_dynamic_rows(graphs):
     assert logits_sized(graphs, rows=N) == []
 
 
+def test_dynamic_rows_with_returned_logits(graphs):
+    """Returned logits over a dynamic number of rows: their backward outside the graph, eager's gradients
+    at every size."""
+    def fn(x, w, t):
+        logits = F.linear(x, w)
+        return F.cross_entropy(logits, t, ignore_index=-100), logits
+
+    compiled = torch.compile(fn, backend="ember", dynamic=True)
+    for rows in (N, N + 7):
+        x, w, _, t = inputs(False, True, rows)
+        xs = [x.clone().requires_grad_(True) for _ in range(2)]
+        ws = [w.clone().requires_grad_(True) for _ in range(2)]
+        for run, xi, wi in ((fn, xs[0], ws[0]), (compiled, xs[1], ws[1])):
+            loss, logits = run(xi, wi, t)
+            (loss + logits.sin().mean()).backward()
+        close(xs[1].grad, xs[0].grad, torch.float32, "grad of x")
+        close(ws[1].grad, ws[0].grad, torch.float32, "grad of w")
+    assert ember.metrics.deferred_head_logits >= 1
+
+
 def test_switched_off():
     def fn(x, w, t):
         return F.cross_entropy(F.linear(x, w), t)

@@ -191,3 +191,37 @@ def test_the_key_reads_user_triton_kernels_only_where_the_graph_calls_them(monke
     assert replacement(None, without) == [] and read == []
     assert replacement(None, with_kernel) == ["src"] and read == [with_kernel]
     assert replacement(None, outer) == ["src"] and read == [with_kernel, outer]
+
+
+class Head(torch.nn.Module):
+    """An LM head that returns its logits with its loss: ember's chunked cross-entropy, the logits' backward
+    outside the graph (runtime/head_logits.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.lm_head = torch.nn.Linear(16, 37, bias=False)
+
+    def forward(self, x, labels):
+        logits = self.lm_head(torch.tanh(self.proj(x)))
+        return torch.nn.functional.cross_entropy(logits.float(), labels), logits
+
+
+def test_a_returned_head_loads_whole_and_keeps_its_gradient(cache):
+    """A graph whose returned logits get their backward outside it loads whole on a second compile and
+    gives eager's loss, logits and gradients, through the loss and through the logits alike."""
+    def step(backend, x, labels):
+        torch.manual_seed(0)
+        model = Head()
+        run = torch.compile(model, backend=backend) if backend else model
+        x = x.clone().requires_grad_(True)
+        loss, logits = run(x, labels)
+        (loss + logits.pow(2).mean()).backward()
+        return [loss.detach(), logits.detach(), x.grad] + [p.grad for p in model.parameters()]
+
+    for round_ in range(2):
+        torch._dynamo.reset()
+        x, labels = torch.randn(24, 16), torch.randint(0, 37, (24,))
+        assert_close(step("ember", x, labels), step(None, x, labels))
+        assert metrics.whole_graph_hits == round_ and metrics.deferred_head_logits == round_ + 1
+    assert metrics.eager_fallbacks == 0
