@@ -80,9 +80,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         if cross_entropy_rows.usable(x) and given is None:      # the gradient written over the chunk's logits
             dz = _logits(xc, w, b)
             rows = cross_entropy_rows.loss_and_grad(dz, tc.view(-1), vocab, eps, wants_grads)
-        elif cross_entropy_rows.usable(x):
-            dz = torch.empty((len(xc), padded), dtype=x.dtype, device=x.device) if wants_grads else None
-            rows = cross_entropy_rows.loss_and_grad(given, tc.view(-1), vocab, eps, wants_grads, dz)
+        elif cross_entropy_rows.usable(x):     # the loss alone: with gradients the op goes by columns
+            rows, dz = cross_entropy_rows.loss_and_grad(given, tc.view(-1), vocab, eps, False), None
         else:       # the logits are freed inside once their log-probabilities exist
             chunk = _logits(xc, w, b) if given is None else torch.nn.functional.pad(given, (0, padded - vocab))
             rows, dz = _chunk_in_aten(chunk, tc, vocab, padded, eps, x.dtype, wants_grads)

@@ -91,28 +91,34 @@ def static_launch(kernel, n_args: int, grid_rank: int) -> Optional[Callable]:
     module docstring). `args` holds each tensor's data pointer (an int) in its place."""
     if c_launcher() is None or _unsupported(kernel) is not None:
         return None
-    facts = binary_facts(kernel, n_args)
+    facts = _launch_facts(kernel, n_args)
     return None if facts is None else _generated(kernel.function, facts, grid_rank)
 
 
-def binary_facts(kernel, n_args: int) -> Optional[dict]:
-    """What launching this compiled kernel's binary through the C launcher takes, as plain data (the
-    compile workers send it with each binary they build, runtime/compile_pool.py): its file, function name,
-    warps, shared memory, the positions of the call's arguments the function takes and their type codes
-    (with a pointer per scratch area the Triton version declares). None where the C launcher cannot take it."""
-    if unsupported_binary(kernel) is not None:
-        return None
+def _launch_facts(kernel, n_args: int) -> Optional[dict]:
+    """What the C launcher needs to launch this compiled kernel's function: warps, shared memory, the
+    positions of the call's arguments the function takes and their type codes (with a pointer per scratch
+    area the Triton version declares); None where it cannot take it."""
     layout = parameter_layout(kernel.src, n_args)
     if layout is None:
         return None
     keep, codes = layout
     # a Triton that declares a scratch area's size also gives the function a pointer parameter for it
     n_scratch = sum(hasattr(kernel.metadata, s) for s in ("global_scratch_size", "profile_scratch_size"))
+    return {"warps": _meta(kernel, "num_warps"), "shared": _meta(kernel, "shared"), "keep": keep,
+            "codes": codes + "O" * n_scratch, "n_scratch": n_scratch}
+
+
+def binary_facts(kernel, n_args: int) -> Optional[dict]:
+    """`_launch_facts` plus the binary's file, its SHA-256 and its function name, as plain data: what a
+    compile worker sends with each binary it builds (runtime/compile_pool.py), for a later process to load
+    it. None where the C launcher cannot take it."""
+    facts = _launch_facts(kernel, n_args) if unsupported_binary(kernel) is None else None
+    if facts is None:
+        return None
     group = getattr(kernel, "metadata_group", None) or {}
     binary = next((path for name, path in group.items() if name.endswith(".cubin")), None)
-    return {"binary": binary, "sha256": _digest(binary) if binary else None, "name": _meta(kernel, "name"),
-            "warps": _meta(kernel, "num_warps"), "shared": _meta(kernel, "shared"), "keep": keep,
-            "codes": codes + "O" * n_scratch, "n_scratch": n_scratch}
+    return dict(facts, binary=binary, sha256=_digest(binary) if binary else None, name=_meta(kernel, "name"))
 
 
 def _digest(path: str) -> str:
