@@ -34,6 +34,17 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+# torch's C++ loop over inputs' addresses (CUDA builds): a replay of a graph with a few hundred parameters
+# checks them all before its launch, which in Python costs tens of microseconds the GPU waits for
+_ptrs_at_indices_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_data_ptr = torch.Tensor.data_ptr
+
+
+def addresses_unmoved(rec: "Recording", args: list) -> bool:
+    """Whether every input `rec` reads in place is where it was when `rec` was captured."""
+    if _ptrs_at_indices_equal is not None and type(args) is list:
+        return _ptrs_at_indices_equal(args, rec.ptr_at_index, rec.address_indices)
+    return list(map(_data_ptr, map(args.__getitem__, rec.address_indices))) == rec.address_ptrs
 
 
 @dataclasses.dataclass(eq=False)
@@ -167,7 +178,12 @@ class Recording:
     out_refs: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        self.address_indices, self.address_ptrs = tuple(self.addresses), list(self.addresses.values())
+        self.address_indices, self.address_ptrs = list(self.addresses), list(self.addresses.values())
+        # the same addresses by input index (None where an input is not read in place), as torch's C++
+        # check of many inputs' addresses at once takes them (`addresses_unmoved`)
+        self.ptr_at_index = [None] * (max(self.addresses, default=-1) + 1)
+        for i, p in self.addresses.items():
+            self.ptr_at_index[i] = p
         self.arg_outputs = [o for o in self.outputs if o.kind == "arg"]
         # the outputs that share their storage with another: which of those the program holds is told by
         # a weak reference to each (`held_outputs`)

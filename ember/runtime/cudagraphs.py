@@ -51,8 +51,8 @@ import torch
 
 from .. import config, metrics
 from . import cudagraph_memory
-from .cudagraph_memory import (Pool, Recording, alias_offset, describe_outputs, input_alias, pool_tensor,
-                               settle_watches, view_of, view_spec)
+from .cudagraph_memory import (Pool, Recording, addresses_unmoved, alias_offset, describe_outputs, input_alias,
+                               pool_tensor, settle_watches, view_of, view_spec)
 from torch.multiprocessing.reductions import StorageWeakRef
 
 log = logging.getLogger("ember.cudagraphs")
@@ -186,9 +186,6 @@ def _collect_cycles() -> None:
     if config.cpu_backend == "triton":
         import gc
         gc.collect()
-
-
-_data_ptr = torch.Tensor.data_ptr
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -333,7 +330,7 @@ class CudaGraphRunner:
         return all(checks)
 
     def _can_replay(self, rec: Recording, args: list) -> bool:
-        ok = list(map(_data_ptr, map(args.__getitem__, rec.address_indices))) == rec.address_ptrs
+        ok = addresses_unmoved(rec, args)
         for i, ptr in () if ok else rec.addresses.items():
             if args[i].data_ptr() != ptr:
                 self.moves[i] += 1

@@ -151,6 +151,32 @@ def test_several_moving_inputs_of_several_dtypes_are_copied_in_and_written_back(
     assert set(r.sizes[()].recording.buffers) == {0, 1, 2, 3, 4}
 
 
+def _torch_address_check(tensors, ptrs, indices):
+    """torch's C++ `_tensors_data_ptrs_at_indices_equal` (CUDA builds), written out: `ptrs` is indexed like
+    `tensors`, and only `indices` are compared."""
+    assert type(tensors) is list and type(ptrs) is list and type(indices) is list
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+@pytest.mark.parametrize("check", ["python", "torch"])
+def test_moved_inputs_are_found_by_either_address_check(monkeypatch, check):
+    from ember.runtime import cudagraph_memory
+    monkeypatch.setattr(cudagraph_memory, "_ptrs_at_indices_equal", None if check == "python" else _torch_address_check)
+    w, x = torch.randn(4, 2), torch.randn(3, 4)
+    r = _runner(lambda x, s, w: (x @ w * s,), static_inputs=[2], int_inputs=[1])
+    for step in range(3):
+        x.normal_()
+        torch.testing.assert_close(r([x, 2, w])[0], x @ w * 2)
+    rec = r.sizes[(2,)].recording
+    assert rec.address_indices == [0, 2] and rec.ptr_at_index[1] is None
+    assert cudagraph_memory.addresses_unmoved(rec, [x, 2, w])
+    assert not cudagraph_memory.addresses_unmoved(rec, [x, 2, w.clone()])
+    assert not cudagraph_memory.addresses_unmoved(rec, [x.clone(), 2, w])
+    w = torch.randn(4, 2)                # a parameter replaced: recorded again, with the right result
+    torch.testing.assert_close(r([x, 2, w])[0], x @ w * 2)
+    assert ember.metrics.cudagraph_records == 2
+
+
 def test_static_input_that_moves_is_recorded_again():
     r = _runner(lambda x, w: (x @ w,), static_inputs=[1])
     x = torch.randn(3, 4)
