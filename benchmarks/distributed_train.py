@@ -18,7 +18,9 @@ Parallelism (`--parallel`, comma-separated, each run for every backend):
   (the residual stream sharded along the sequence). Then `fully_shard` over the dp dimension (also when dp
   is 1: the plan is the same on any number of GPUs).
 Compilation (`--compile`): `blocks` compiles each block in place (`block.compile(backend=...)`, the
-module form of torch.compile; FSDP2's hooks run eagerly around it), `whole` compiles the whole model.
+module form of torch.compile; FSDP2's hooks run eagerly around it), `blocks+head` also compiles the final
+norm, the LM head and the cross-entropy as one function (as torchtitan compiles its loss), `whole` compiles
+the whole model.
 
 Runs: every (parallel, backend) pair in turn, in this one process group (no subprocesses). Each run
 rebuilds the model from the same seed, resets Dynamo (`torch._dynamo.reset()`) and ember's metrics, and
@@ -158,6 +160,10 @@ class Llama(nn.Module):
             h = h.clone()
         for layer in self.layers:
             h = layer(h, self.cos, self.sin)
+        return self.head_loss(h, targets)
+
+    def head_loss(self, h, targets):
+        """The final norm, the LM head and the loss (`--compile blocks+head` compiles this as one function)."""
         logits = self.output(self.norm(h))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
@@ -208,9 +214,13 @@ def parallelize(model: Llama, parallel: str, mesh, args, backend: str) -> nn.Mod
         if args.fsdp_bf16 else MixedPrecisionPolicy()
     for block in model.layers:
         fully_shard(block, mesh=dp_mesh, mp_policy=policy)
-        if backend != "eager" and args.compile == "blocks":
+        if backend != "eager" and args.compile in ("blocks", "blocks+head"):
             block.compile(backend=backend)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+    if backend != "eager" and args.compile == "blocks+head":
+        # as torchtitan compiles its loss beside the blocks; the head's parameters are the root's, gathered by
+        # the root's hook before its forward
+        model.head_loss = torch.compile(model.head_loss, backend=backend)
     if backend != "eager" and args.compile == "whole":
         return torch.compile(model, backend=backend)
     return model
@@ -281,6 +291,7 @@ def ember_counts() -> dict:
     m = ember.metrics
     return {"graphs_compiled": m.graphs_compiled, "eager_fallbacks": m.eager_fallbacks,
             "generated_kernels": m.generated_kernel_count, "compile_seconds": round(m.compile_seconds, 2),
+            "linear_cross_entropy_rewrites": m.linear_cross_entropy_rewrites,
             "collectives": dict(m.collectives),
             "collective_fallbacks": {op: n for op, n in m.fallbacks.items() if "c10d" in op}}
 
@@ -464,7 +475,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--parallel", default="fsdp,fsdp_tp", help="comma-separated: fsdp, fsdp_tp")
     p.add_argument("--backends", default="eager,inductor,ember", help="comma-separated torch.compile backends")
-    p.add_argument("--compile", default="blocks", choices=["blocks", "whole"])
+    p.add_argument("--compile", default="blocks", choices=["blocks", "blocks+head", "whole"])
     p.add_argument("--mesh", default=None, help="DP,TP for fsdp_tp (default: TP=2, DP=world/2)")
     p.add_argument("--sp", action="store_true", help="fsdp_tp: SequenceParallel on the norms")
     p.add_argument("--fsdp-bf16", action="store_true",

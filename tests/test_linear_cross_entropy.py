@@ -115,6 +115,21 @@ def test_label_smoothing_and_other_ignore_index(dtype, graphs):
     assert_rewritten(graphs)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["method", "function"])
+def test_flattened_batch_and_sequence(dtype, form, graphs):
+    """A head over [batch, seq, H] whose logits are flattened to rows (torchtitan's and many training
+    scripts' loss): the flatten keeps the vocabulary dim, so the rows are x's rows in order."""
+    def fn(h, w, t):
+        logits = F.linear(F.layer_norm(h, (H,)), w)
+        rows = logits.flatten(0, 1) if form == "method" else torch.flatten(logits, 0, 1)
+        return F.cross_entropy(rows.float(), t.flatten())
+
+    x, w, _, t = inputs(False, True)
+    compare(run_both(fn, (x.view(2, N // 2, H), w, t.view(2, N // 2)), dtype), dtype)
+    assert_rewritten(graphs)
+
+
 class CausalLMHead(torch.nn.Module):
     """What a Hugging Face causal LM computes from its last hidden states when given labels."""
 

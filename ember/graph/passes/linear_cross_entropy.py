@@ -11,7 +11,8 @@ and three multiplications in the backward, with only `dx`, `dW`, `db` saved betw
 What is matched, walking up from each `cross_entropy(input, target, ...)`:
   - `input` reaches a `linear(x, W, b)` through, in this order, row slices of the leading dims
     (`logits[..., :-1, :]`, applied to x too), casts to fp32 (`.float()`, `.to(torch.float32)`),
-    `.contiguous()`, and views or reshapes that keep the last dim V (`.view(-1, V)`): so the rows of
+    `.contiguous()`, and views, reshapes or flattens that keep the last dim V (`.view(-1, V)`,
+    `.flatten(0, 1)`, checked at every step of the walk): so the rows of
     cross_entropy's `[N, V]` input are the rows of `x.reshape(-1, H)` in order;
   - class-index targets (an integer tensor), no class weights, reduction "mean" or "sum", any
     `ignore_index` and label smoothing; the legacy size_average / reduce arguments leave it alone.
@@ -49,7 +50,8 @@ log = logging.getLogger("ember")
 _LINEARS = (torch._C._nn.linear, F.linear)
 _CE_SIGNATURE = inspect.signature(F.cross_entropy)
 _LINEAR_SIGNATURE = inspect.signature(lambda input, weight, bias=None: None)
-_VIEW_METHODS = ("view", "reshape")
+_VIEW_METHODS = ("view", "reshape", "flatten")
+_VIEW_FUNCTIONS = (torch.reshape, torch.flatten)
 DEFERRED_HEADS = "ember_deferred_heads"     # gm.meta: the graph's runtime/head_logits.DeferredHead list
 PROGRAM_OUTPUTS = "ember_program_outputs"   # gm.meta: how many outputs the program has, before the heads' own
 
@@ -114,7 +116,8 @@ def _chain(start: torch.fx.Node, vocab: int):
             return walked, slices[::-1]
         if _is_float32_cast(n) or (n.op == "call_method" and n.target == "contiguous" and len(n.args) == 1):
             pass
-        elif n.op == "call_method" and n.target in _VIEW_METHODS:
+        elif (n.op == "call_method" and n.target in _VIEW_METHODS) or (n.op == "call_function"
+                                                                     and n.target in _VIEW_FUNCTIONS):
             if slices:          # a row slice after a view indexes the regrouped rows, not x's
                 return None
         elif _is_row_slice(n, v.dim()):
