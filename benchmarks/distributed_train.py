@@ -20,7 +20,7 @@ Parallelism (`--parallel`, comma-separated, each run for every backend):
 Compilation (`--compile`): `blocks` compiles each block in place (`block.compile(backend=...)`, the
 module form of torch.compile; FSDP2's hooks run eagerly around it), `blocks+head` also compiles the final
 norm, the LM head and the cross-entropy as one function (as torchtitan compiles its loss), `whole` compiles
-the whole model.
+the whole model. `--compile-optimizer` compiles the AdamW step too.
 
 Runs: every (parallel, backend) pair in turn, in this one process group (no subprocesses). Each run
 rebuilds the model from the same seed, resets Dynamo (`torch._dynamo.reset()`) and ember's metrics, and
@@ -260,15 +260,15 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def train_steps(model, opt, data, device, autocast) -> tuple:
-    """Run one AdamW step per batch -> (losses, detached; each step's seconds, device synced)."""
+def train_steps(model, opt, data, device, autocast, opt_step=None) -> tuple:
+    """Run one AdamW step per batch (`opt_step`: opt.step, or it compiled) -> (losses, detached; each step's seconds, device synced)."""
     losses, seconds = [], []
     for tokens, targets in data:
         start = time.perf_counter()
         with autocast():
             loss = model(tokens, targets)
         loss.backward()
-        opt.step()
+        (opt_step or opt.step)()
         opt.zero_grad(set_to_none=True)
         sync(device)
         seconds.append(time.perf_counter() - start)
@@ -276,12 +276,12 @@ def train_steps(model, opt, data, device, autocast) -> tuple:
     return losses, seconds
 
 
-def profiled_steps(model, opt, data, device, autocast, path: str) -> dict:
+def profiled_steps(model, opt, data, device, autocast, path: str, opt_step=None) -> dict:
     """The steps under torch.profiler, the trace written to `path` -> its NCCL overlap summary."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        train_steps(model, opt, data, device, autocast)
+        train_steps(model, opt, data, device, autocast, opt_step)
     prof.export_chrome_trace(path)
     with open(path) as f:
         return nccl_overlap(json.load(f))
@@ -312,12 +312,14 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
     base = Llama(args.vocab, args.dim, args.layers, heads, args.hidden or swiglu_hidden(args.dim), args.seq, args.tie)
     model = parallelize(base.to(device), parallel, mesh, args, backend)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    opt_step = torch.compile(opt.step, backend=backend) if args.compile_optimizer and backend != "eager" else None
     data = batches(args, dp_rank, args.steps + (args.profile_steps if args.profile else 0), device)
 
     sync(device)
     dist.barrier()
-    losses, seconds = train_steps(model, opt, data[:args.steps], device, autocast)
-    result = {"backend": backend, "parallel": parallel, "compile": args.compile if backend != "eager" else None}
+    losses, seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
+    result = {"backend": backend, "parallel": parallel, "compile": args.compile if backend != "eager" else None,
+              "compiled_optimizer": opt_step is not None}
 
     # the slowest rank per step; the losses averaged over ranks (the tp ranks of a dp rank agree)
     times = torch.tensor(seconds, dtype=torch.float64, device=device)
@@ -342,11 +344,12 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
                                           and not c["collective_fallbacks"] for c in per_rank)
     if args.profile and backend in args.profile_backends:
         name = f"trace_{backend}_{parallel}" + (f"_rank{rank}" if rank else "") + ".json"
-        overlap = profiled_steps(model, opt, data[args.steps:], device, autocast, os.path.join(args.out, name))
+        overlap = profiled_steps(model, opt, data[args.steps:], device, autocast, os.path.join(args.out, name),
+                                 opt_step)
         per_rank = [None] * world
         dist.all_gather_object(per_rank, overlap)
         result["nccl_overlap"] = per_rank
-    del model, opt, base
+    del model, opt, opt_step, base
     return result
 
 
@@ -476,6 +479,8 @@ def parse_args(argv=None):
     p.add_argument("--parallel", default="fsdp,fsdp_tp", help="comma-separated: fsdp, fsdp_tp")
     p.add_argument("--backends", default="eager,inductor,ember", help="comma-separated torch.compile backends")
     p.add_argument("--compile", default="blocks", choices=["blocks", "blocks+head", "whole"])
+    p.add_argument("--compile-optimizer", action="store_true",
+                   help="also compile the AdamW step (torch.compile(opt.step)) with the same backend")
     p.add_argument("--mesh", default=None, help="DP,TP for fsdp_tp (default: TP=2, DP=world/2)")
     p.add_argument("--sp", action="store_true", help="fsdp_tp: SequenceParallel on the norms")
     p.add_argument("--fsdp-bf16", action="store_true",

@@ -1,5 +1,5 @@
 """benchmarks/distributed_train.py on 2 CPU ranks with gloo, the smoke configuration: a Llama-style model
-under FSDP2 and under FSDP2 x tensor parallel (blocks and head compiled), eager and ember, the same losses in fp32
+under FSDP2 and under FSDP2 x tensor parallel (blocks, head and optimizer step compiled), eager and ember, the same losses in fp32
 with every graph compiled by ember; and the trace analysis that measures NCCL overlap, on a made-up trace."""
 import json
 import os
@@ -11,7 +11,7 @@ from benchmarks.distributed_train import nccl_overlap
 SMOKE = ["--device", "cpu", "--layers", "2", "--dim", "64", "--seq", "32", "--vocab", "512",
          "--parallel", "fsdp,fsdp_tp", "--backends", "eager,ember", "--steps", "3", "--warmup", "1",
          # the blocks, and the head with its loss as a function of its own
-         "--compile", "blocks+head",
+         "--compile", "blocks+head", "--compile-optimizer",
          # one batch repeated: a parameter updated wrongly at step 0 changes the loss of step 1
          "--distinct-batches", "1"]
 
@@ -31,8 +31,9 @@ def test_smoke_config_trains_as_eager_with_ember(tmp_path):
         assert ember_run["max_loss_diff"] < 1e-5, (ember_run["losses"], eager["losses"])
         assert ember_run["ember_no_fallback"], ember_run["ember"]
         assert ember_run["tokens_per_s"] > 0 and ember_run["first_call_s"] > 0
-        # a block's forward and backward, shared by the blocks, and the head's
-        assert all(c["graphs_compiled"] == 4 for c in ember_run["ember"]), ember_run["ember"]
+        # a block's forward and backward, shared by the blocks, the head's, and the AdamW step's
+        assert all(c["graphs_compiled"] == 5 for c in ember_run["ember"]), ember_run["ember"]
+        assert ember_run["compiled_optimizer"]
     # the head's linear and cross-entropy become one chunked op under FSDP (the tensor-parallel head gathers
     # its logits between them, and is left as it is)
     assert all(c["linear_cross_entropy_rewrites"] == 1 for c in runs[("fsdp", "ember")]["ember"])
