@@ -16,7 +16,7 @@ from .device import backend_for, check_backend_settings
 from .graph.decompose import LazyTable
 from .graph.passes import joint, pre_grad
 from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
-from .runtime import head_logits, whole_graph_cache
+from .runtime import head_logits, source_keys, whole_graph_cache
 from .runtime.gc_pause import gc_paused
 
 log = logging.getLogger("ember")
@@ -61,6 +61,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     cudagraphs, tuned_products = MODES[mode or "default"]
     # the search widens the default ("matvec"); a setting of "always" or "never" is the user's and stays
     settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "matvec" else {}
+    source_keys.start()         # if Dynamo's start callback did not (a `torch._dynamo.reset()` removes it)
     _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
         return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
@@ -132,3 +133,4 @@ def register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
+    source_keys.install()

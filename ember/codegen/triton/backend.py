@@ -10,7 +10,7 @@ import sympy
 from ...config import config
 from ...device import KernelBackend
 from ...ir.symbolic import FloorDiv, hint
-from ...runtime import compile_pool, triton_key
+from ...runtime import compile_pool
 from ...runtime.autotune import Autotuned, KernelTuning
 from ...runtime.launch import Launcher
 from ...runtime.template_choice import TemplateChoice, TemplateTuning
@@ -81,11 +81,6 @@ class TritonBackend(KernelBackend):
         # and partition, not after the first kernel is generated
         if not self.interpreted:
             compile_pool.start()
-
-    def warm_up(self) -> None:
-        # every Triton cache lookup needs Triton's key of its own sources (runtime/triton_key.py)
-        if not self.interpreted:
-            triton_key.hash_in_background()
 
     # -- code ---------------------------------------------------------------------------------------------
 
