@@ -12,10 +12,11 @@ Two hashes of many files are computed once per process, inside the first call of
 Reading and hashing files release the GIL, so both are computed in the background from the moment Dynamo
 starts its first compile of the process (a start callback registered when ember is imported, `install`): a
 warm start's trace takes a second or more before AOTAutograd looks its cache up. A graph reaching ember
-starts them too (`start`), where that callback was removed (`torch._dynamo.reset()` clears them). Where torch's functions can compute ahead themselves
-(`.prefetch()`, torch >= 2.13), a caller that comes first waits for that computation; elsewhere a thread
-calls the functions, which cache their value, and a caller that comes first computes it itself, as without
-the thread. The compile workers compute Triton's key while they boot (compile_worker.py).
+starts them too (`start`), where that callback was removed (`torch._dynamo.reset()` clears callbacks).
+Where torch's functions can compute ahead themselves (`.prefetch()`, torch >= 2.13), a caller that comes
+first waits for that computation; elsewhere a thread calls the functions, which cache their value, and a
+caller that comes first computes it itself, as without the thread. The compile workers compute Triton's
+key while they boot (compile_worker.py).
 """
 from __future__ import annotations
 
