@@ -10,3 +10,13 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(root))
     with ember.config.patch(graph_cache=True):
         yield root
+
+
+@pytest.fixture(autouse=True)
+def _own_cudagraph_pools(monkeypatch):
+    """Each test's CUDA graphs in pools of its own: outputs an earlier test left alive in a shared pool
+    (held by a frame or a cycle not yet collected) would make its first captures run uncaptured, and the
+    counts a test asserts would depend on which tests ran before it in the same worker."""
+    import collections
+    from ember.runtime import cudagraph_memory
+    monkeypatch.setattr(cudagraph_memory, "pools", collections.defaultdict(cudagraph_memory.DevicePools))
