@@ -84,6 +84,11 @@ class Config:
     # (row-vector products on a GPU: decoding's linear layers), "always" for every supported product
     # (tests), "never" (library calls only).
     gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "matvec"))
+    # Products of a small output and a long K (256 x 256 x 65536) as a batched template product over splits of
+    # K, each split's float32 partial product stored, then their sum (a reduction kernel, into which the
+    # epilogue fuses): "auto" where gemm_templates="auto" timed it fastest, "always" for every product of
+    # the template whose K splits (tests), "never".
+    decompose_k: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_DECOMPOSE_K", "auto"))
     # Worker processes that compile a GPU graph's Triton kernels in parallel before its first call
     # (runtime/compile_pool.py); None: one per CPU core, up to 16; 0 or 1: each kernel compiles at its
     # first launch, in this process.
@@ -157,6 +162,8 @@ class Config:
         if self.gemm_templates not in ("auto", "always", "matvec", "never"):
             raise ValueError(f"ember.config.gemm_templates={self.gemm_templates!r}: use 'auto', 'always', "
                              f"'matvec' or 'never'")
+        if self.decompose_k not in ("auto", "always", "never"):
+            raise ValueError(f"ember.config.decompose_k={self.decompose_k!r}: use 'auto', 'always' or 'never'")
 
 
 # Settings that leave a graph's Wrapper IR as it is: they act before ember receives the graph (the pre-grad

@@ -27,6 +27,7 @@ _COUNTS = {
     "binaries_loaded": "Triton kernels' first launches that loaded the compile workers' binary without the JIT",
     "template_kernels": "GEMM template kernels generated",
     "fused_epilogue_nodes": "pointwise nodes computed in a GEMM template's epilogue",
+    "decomposed_products": "matrix products lowered as a batched template over slices of K and their sum",
     "collective_buckets": "buckets of collectives merged into one (graph/passes/bucket_collectives.py)",
     "collectives_bucketed": "collectives merged into those buckets",
     "flex_attention_kernels": "FlexAttention forward and backward calls compiled to ember's Triton kernels",
@@ -38,7 +39,7 @@ scatters_in_place = 0
 direct_graphs = attention_rewrites = sdpa_mask_copies = sdpa_masks_dropped = 0
 cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_partitions = 0
 graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = binaries_loaded = 0
-template_kernels = fused_epilogue_nodes = collective_buckets = collectives_bucketed = 0
+template_kernels = fused_epilogue_nodes = decomposed_products = collective_buckets = collectives_bucketed = 0
 flex_attention_kernels = short_attention_kernels = deferred_head_logits = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback

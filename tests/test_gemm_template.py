@@ -334,3 +334,61 @@ def test_the_bound_launch_is_the_launchers_hot_path(monkeypatch):
     for _ in range(3):
         choice.run("a")
     assert calls == ["first", "hot", "hot"]
+
+
+# -- products decomposed along K (decompose_k) ---------------------------------------------------------------
+
+def _decomposed(sources, splits: int) -> tuple:
+    """(the batched template over K's slices, the kernel summing them): the graph's only two kernels."""
+    templates = _templates(sources)
+    assert len(templates) == 1 and len(sources) == 2, sources
+    (template,) = templates
+    (summing,) = [s for s in sources if s is not template]
+    assert f"# bmm: [{splits}]" in template and "tl.sum(" in summing
+    return template, summing
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_decomposed_product_with_bias_and_gelu(dtype):
+    """A long-K linear layer (K = 512 >= 8 x max(M, N)) with bias and GELU: the slices' float32 products are
+    stored by one batched template, their sum runs the bias and GELU before the one store of the result
+    (rounded once to bfloat16)."""
+    x, w, b = _rand(24, 512, dtype=dtype) * 0.3, _rand(20, 512, dtype=dtype) * 0.3, _rand(20, dtype=dtype)
+    with ember.config.patch(decompose_k="always"):
+        _, sources = _compile(lambda x, w, b: (F.gelu(F.linear(x, w, b)),), x, w, b)
+    template, summing = _decomposed(sources, 8)
+    assert "tl.store(out_ptr0 + (xindex), acc, xmask)" in template     # float32 partials, not rounded
+    assert "erf" in summing and summing.count("tl.store(") == 1
+
+
+def test_decomposed_product_of_strided_operands_and_odd_sizes():
+    """M and N primes, a read transposed (a column-major view), b a row-major matrix; a residual added."""
+    at, b, r = _rand(384, 13), _rand(384, 7), _rand(13, 7)
+    with ember.config.patch(decompose_k="always"):
+        _, sources = _compile(lambda at, b, r: (at.t() @ b + r,), at, b, r)
+    _decomposed(sources, 4)         # 384 = 4 slices of 96 (the middle of 2, 4 and 8)
+
+
+def test_decompose_k_leaves_short_k_and_batched_products_alone():
+    """K under 8 x max(M, N), and every bmm: the template as it is, one kernel with its epilogue."""
+    a, b, x, y = _rand(24, 96), _rand(96, 20), _rand(2, 8, 256), _rand(2, 256, 8)
+    with ember.config.patch(decompose_k="always"):
+        _, sources = _compile(lambda a, b, x, y: ((a @ b).relu(), (x @ y).relu()), a, b, x, y)
+    assert len(_only_templates(sources, 2)) == 2 and not any("tl.sum(" in s for s in sources)
+
+
+def test_decompose_k_never_keeps_one_template():
+    x, w = _rand(24, 512), _rand(512, 20)
+    with ember.config.patch(decompose_k="never"):
+        _, sources = _compile(lambda x, w: ((x @ w).relu(),), x, w)
+    _only_templates(sources, 1)
+
+
+def test_decomposed_weight_gradient_trains_as_eager():
+    """A linear layer over 512 rows: the weight's gradient (K = 512 rows) is decomposed along K, the input's
+    is not; gradients as eager's."""
+    model = torch.nn.Linear(16, 8).to(DEVICE)
+    x = _rand(512, 16).requires_grad_()
+    with ember.config.patch(gemm_templates="always", decompose_k="always"):
+        check(lambda x: model(x).tanh(), x, grad=True)
+    assert not any("mm" in op for op in ember.metrics.fallbacks) and ember.metrics.decomposed_products == 1

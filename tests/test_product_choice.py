@@ -190,3 +190,90 @@ def test_max_autotune_times_the_products_of_forward_and_backward(timed_backend, 
     assert_close(grads, [p.grad for p in model.parameters()])
     assert len(asked) == 2 and (1, 24, 32, 40) in asked[0] and (1, 32, 40, 24) in asked[1], asked
     assert ember.config.gemm_templates == "matvec"      # the mode's setting held only while compiling
+
+
+# -- decompositions along K ---------------------------------------------------------------------------------
+
+def test_long_k_products_time_their_decompositions_along_k(monkeypatch):
+    """Split counts: none for K under 8 x max(M, N); slices a multiple of 16 and at least 256 deep. The
+    choice times at most SPLIT_CANDIDATES of them, the most slices first, whose tiles fill between a quarter
+    of the device's programs and four waves of them; none for a bmm, none with decompose_k other than auto."""
+    from ember.ir.template import split_k_counts
+    assert split_k_counts(256, 256, 65536) == [2, 4, 8, 16, 32, 64]
+    assert split_k_counts(256, 256, 2040) == []             # K < 8 x 256
+    assert split_k_counts(128, 64, 1536) == [2, 4]          # 768 and 384 deep; 192 is too shallow
+    assert split_k_counts(16, 16, 1000) == []               # no slice a multiple of 16
+    monkeypatch.setattr(product_choice, "max_programs", lambda device: 132)
+    split_k = ProductSpec("mm", ((256, 65536), (65536, 1)), ((65536, 256), (1, 65536)), None, torch.bfloat16, 0.0)
+    assert product_choice._split_counts(split_k, torch.device(DEVICE)) == [64, 32, 16]    # 4 tiles each
+    weight_grad = ProductSpec("mm", ((1024, 8192), (1, 1024)), ((8192, 1024), (1024, 1)), None, torch.bfloat16, 0.0)
+    assert product_choice._split_counts(weight_grad, torch.device(DEVICE)) == [8, 4, 2]   # 64 tiles each
+    batched = ProductSpec("bmm", ((2, 256, 65536), (256 * 65536, 65536, 1)), ((2, 65536, 256), (65536 * 256, 256, 1)),
+                          None, torch.bfloat16, 0.0)
+    assert product_choice._split_counts(batched, torch.device(DEVICE)) == []
+    with ember.config.patch(decompose_k="never"):
+        assert product_choice._split_counts(split_k, torch.device(DEVICE)) == []
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_probe_stores_each_slices_float32_product(dtype):
+    """The probe of a decomposition (split_spec) reads the product's operands in place, slice s of K for
+    batch entry s, and stores each slice's product in float32; their sum is the product."""
+    spec = ProductSpec("mm", ((13, 96), (96, 1)), ((96, 7), (1, 96)), None, dtype, 0.0)    # b transposed
+    split = product_choice.split_spec(spec, 3)
+    interpreted = DEVICE == "cpu"
+    mod = product_choice.load_probes(product_choice.module_header(interpreted) +
+                                     product_choice.probe_source(split, "probe", interpreted, torch.float32))
+    x, y = product_choice._operand(spec.a, dtype, DEVICE), product_choice._operand(spec.b, dtype, DEVICE)
+    xs, ys = x.as_strided(*split.a), y.as_strided(*split.b)
+    out = torch.full((3, 13, 7), float("nan"), device=DEVICE)
+    for cfg in template_configs(split.sizes(), dtype, interpreted, True):
+        mod.probe[(3 * -(-13 // cfg["BLOCK_M"]) * -(-7 // cfg["BLOCK_N"]),)](xs, ys, out, **cfg)
+        slices = torch.stack([x[:, 32 * s:32 * (s + 1)].float() @ y[32 * s:32 * (s + 1)].float() for s in range(3)])
+        torch.testing.assert_close(out, slices, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.sum(0), x.float() @ y.float(), rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+def test_a_long_k_product_times_the_template_its_decompositions_and_the_library(timed_backend, monkeypatch):
+    """choose_products on a product of K = 8 x 256: its own probe's configs, the library call, and for each
+    of three split counts the partials' sum and the batched probe's configs are timed (each launch run once
+    here, its time given); the choice is the fastest decomposition, with its config and split count."""
+    spec = ProductSpec("mm", ((16, 2048), (2048, 1)), ((2048, 16), (1, 2048)), None, torch.float32, 0.0)
+    interpreted = DEVICE == "cpu"
+    configs = len(template_configs(spec.sizes(), spec.dtype, interpreted))
+    split_configs = min(product_choice.SPLIT_CONFIGS,
+                        len(template_configs((8, 16, 16, 256), spec.dtype, interpreted, True)))
+    # own configs, library; then per split count (8, 4, 2): the sum, its configs
+    times = [1.0] * configs + [1.0] + [0.05] + [0.3] * split_configs + [0.05] + [0.2] * split_configs + \
+        [0.05] + [0.4] * split_configs
+    timed = []
+
+    def median_ms(launch, **kw):
+        launch()
+        timed.append(times[len(timed)])
+        return timed[-1]
+    monkeypatch.setattr(product_choice, "median_ms", median_ms)
+    monkeypatch.setattr(product_choice, "max_programs", lambda device: 8)
+    assert product_choice._split_counts(spec, torch.device(DEVICE)) == [8, 4, 2]
+    choice = product_choice.choose_products([spec], torch.device(DEVICE), interpreted)[spec]
+    assert len(timed) == len(times)
+    assert choice["decompose_k"] == 4 and "BLOCK_K" in choice
+
+
+@needs_triton
+def test_auto_lowers_a_product_chosen_decomposed(timed_backend, monkeypatch):
+    """A choice with decompose_k lowers as the batched template over that many slices (with the choice's
+    config) and the partials' sum, which carries the epilogue; results as eager's."""
+    def time_all(specs, device, interpreted):
+        return {s: {**template_configs(product_choice.split_spec(s, 4).sizes(), s.dtype, interpreted, True)[0],
+                    "decompose_k": 4} for s in specs}
+    monkeypatch.setattr(product_choice, "_time_all", time_all)
+    x, w, r = _rand(12, 640), _rand(640, 20), _rand(12, 20)
+    with ember.config.patch(gemm_templates="auto", graph_cache=False):
+        compiled = ember.compile_graph(make_fx(lambda x, w, r: ((x @ w) * 2 + r,))(x, w, r), [x, w, r])
+        assert_close(tuple(compiled([x, w, r])), ((x @ w) * 2 + r,))
+    sources = [gen.source for _, gen in compiled.kernels]
+    assert ember.metrics.decomposed_products == 1 and len(sources) == 2
+    assert any("# bmm: [4] x [12, 160] @ [160, 20]" in s for s in sources)

@@ -1,8 +1,9 @@
 """Template buffers: values a kernel backend computes with a hand-written main loop (a template) rather than
 from a generated loop body, into whose output tile the scheduler fuses pointwise consumers.
 
-A MatmulTemplate is the product of two stored operands, `a @ b` (mm) or a batch of them (bmm), in the
-operands' dtype, accumulated in float32. It is a ComputedBuffer like any other, so dependencies, fusion,
+A MatmulTemplate is the product of two stored operands, `a @ b` (mm) or a batch of them (bmm), accumulated
+in float32 and stored in the operands' dtype (or in float32: the partial products of a product decomposed
+along K, `split_k_views`). It is a ComputedBuffer like any other, so dependencies, fusion,
 memory planning and structural keys treat it as one node: its `data.inner_fn(index)` states which operand
 elements output element `index` reads (row `m` of `a` and column `n` of `b` along a reduction symbol
 `K_SYMBOL`), and the product of the two. Only a backend whose `gemm_templates` is true renders it; the
@@ -27,7 +28,8 @@ K_SYMBOL = sympy.Symbol("kmm", integer=True, nonnegative=True)
 @dataclasses.dataclass(eq=False)
 class MatmulProduct(Loops):
     """out[b, m, n] = sum over k of a[b, m, k] * b[b, k, n] (no b index without a batch). `a` and `b` are
-    stored (Buffer or ReinterpretView) with static sizes."""
+    stored (Buffer or ReinterpretView) with static sizes; `dtype` is the product's as stored (the operands'
+    or float32)."""
     a: Buffer | ReinterpretView = None
     b: Buffer | ReinterpretView = None
     batched: bool = False
@@ -40,6 +42,10 @@ class MatmulProduct(Loops):
         asz, bsz = self.a.get_size(), self.b.get_size()
         batch = int(asz[0]) if self.batched else 1
         return batch, int(asz[-2]), int(bsz[-1]), int(asz[-1])
+
+    @property
+    def operand_dtype(self) -> torch.dtype:
+        return self.a.get_dtype()
 
 
 def _product_body(a, b, batched):
@@ -55,8 +61,9 @@ class TemplateBuffer(ComputedBuffer):
     """A ComputedBuffer whose value a backend's template computes (its `data` is a MatmulProduct)."""
 
     @staticmethod
-    def matmul(a, b, batched: bool, launch: Optional[dict] = None) -> "TemplateBuffer":
-        device, dtype = a.get_device(), a.get_dtype()
+    def matmul(a, b, batched: bool, launch: Optional[dict] = None,
+               dtype: Optional[torch.dtype] = None) -> "TemplateBuffer":
+        device, dtype = a.get_device(), dtype or a.get_dtype()
         size = [*(a.get_size()[:1] if batched else []), a.get_size()[-2], b.get_size()[-1]]
         data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched, launch)
         return TemplateBuffer(None, Layout.contiguous(device, dtype, size), data)
@@ -71,6 +78,40 @@ def operand_base(x) -> tuple[Buffer, int]:
     if isinstance(x, ReinterpretView):
         return x.data, int(x.layout.offset - x.data.layout.offset)
     return x, 0
+
+
+def split_k_views(a, b, splits: int) -> tuple:
+    """a [M, K] and b [K, N] (stored) viewed as a batch of `splits` products along K: a as [splits, M, K/splits]
+    and b as [splits, K/splits, N], over the same memory (split s reads K's s-th slice of both)."""
+    return _split_view(a, splits, 1), _split_view(b, splits, 0)
+
+
+def _split_view(x, splits: int, kdim: int) -> ReinterpretView:
+    base, layout = (x.data, x.layout) if isinstance(x, ReinterpretView) else (x, x.layout)
+    size, stride = list(layout.size), list(layout.stride)
+    depth = size[kdim] // splits
+    size[kdim] = depth
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, [sympy.Integer(splits), *size],
+                                        [depth * stride[kdim], *stride], layout.offset))
+
+
+# the key of a launch config (a product's choice) that decomposes it along K: the number of K's slices (the
+# config's other keys are the batched template's)
+SPLITS = "decompose_k"
+# K's splits worth trying: each split at least this deep, and a multiple of 16 (the template's smallest BLOCK_K)
+SPLIT_K_MIN_DEPTH = 256
+SPLIT_K_COUNTS = (2, 4, 8, 16, 32, 64)
+# a product is decomposed along K only where K is this many times its output's larger side
+SPLIT_K_MIN_RATIO = 8
+
+
+def split_k_counts(m: int, n: int, k: int, min_depth: int = SPLIT_K_MIN_DEPTH) -> list:
+    """The numbers of splits along K a product of (M, N, K) may be decomposed into: none unless K is long
+    beside the output (SPLIT_K_MIN_RATIO); each split divides K into slices at least `min_depth` deep and
+    a multiple of 16."""
+    if k < SPLIT_K_MIN_RATIO * max(m, n):
+        return []
+    return [s for s in SPLIT_K_COUNTS if k % s == 0 and (k // s) % 16 == 0 and k // s >= min_depth]
 
 
 def is_template(buf) -> bool:

@@ -12,21 +12,28 @@ addmm is the template's product plus a pointwise `beta * bias + alpha * product`
 into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
 graph/passes/post_grad.py, unfuse_bias_addmm).
+
+A product with a small output and a long K (256 x 256 x 65536: a few output tiles for a whole GPU) may be
+decomposed along K (ember.config.decompose_k): a batched template computes the products of K's slices into a
+float32 [splits, M, N] buffer, and a sum over the slices (an ordinary reduction kernel, into which the
+product's epilogue fuses) gives the result, rounded once. "auto" decomposes where the backend's timing chose
+a split count; "always" every product whose K splits (ir/template.py, split_k_counts), for tests.
 """
 from __future__ import annotations
 
 import sympy
 import torch
 
-from .. import state
+from .. import metrics, state
 from ..config import config
 from ..device import backend_for
 from ..ir.nodes import TensorBox
 from ..ir.ops import ops
-from ..ir.template import ProductSpec, TemplateBuffer
+from ..ir.template import SPLITS, ProductSpec, TemplateBuffer, split_k_counts, split_k_views
 from .fallback import realize_arg
 from .layouts import has_static_layout
-from .pointwise import pointwise
+from .pointwise import pointwise, to_dtype
+from .reductions import sum_
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -47,6 +54,11 @@ def _template_plan(a, b) -> tuple:
     backend = backend_for(a.get_device())
     if mode == "never" or not backend.gemm_templates or not _supported(a, b):
         return LIBRARY
+    if config.decompose_k == "always" and len(a.get_size()) == 2:
+        (m, k), n = a.get_size(), b.get_size()[-1]
+        counts = split_k_counts(int(m), int(n), int(k), min_depth=16)
+        if counts:
+            return True, {SPLITS: counts[len(counts) // 2]}
     if mode == "always":
         return True, None
     graph = state.current_graph()
@@ -192,7 +204,22 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     sa, sb = realize_arg(a, metas[0]), realize_arg(b, metas[1])
     if not (_static_layout(sa) and _static_layout(sb)):
         raise Unsupported("GEMM template operands with symbolic layouts")
-    return TensorBox(state.current_graph().register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch)))
+    graph = state.current_graph()
+    if launch is not None and SPLITS in launch:
+        return _decomposed_along_k(sa, sb, launch)
+    return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch)))
+
+
+def _decomposed_along_k(a, b, launch: dict) -> TensorBox:
+    """a @ b as the sum of launch[SPLITS] products over slices of K: one batched template storing each slice's
+    float32 product, then a sum over the slices (a reduction kernel, where the epilogue fuses), rounded once
+    to the operands' dtype, as a library product is."""
+    config_of_batch = {k: v for k, v in launch.items() if k != SPLITS} or None
+    metrics.decomposed_products += 1
+    va, vb = split_k_views(a, b, launch[SPLITS])
+    partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32)
+    summed = sum_(TensorBox(state.current_graph().register_buffer(partials)), [0])
+    return to_dtype(summed, a.get_dtype()) if a.get_dtype() != torch.float32 else summed
 
 
 @lower(aten.mm.default)

@@ -133,11 +133,12 @@ class TemplateKernel(TritonKernel):
 
     def _main_loop(self):
         p = self.product
-        self.main = main_loop_lines(p.sizes(), p.batched, p.dtype, self._operand(p.a), self._operand(p.b),
+        self.main = main_loop_lines(p.sizes(), p.batched, p.operand_dtype, self._operand(p.a), self._operand(p.b),
                                     self.use_int64, self.even_k, self.interpreted)
         for line in self.main.tile:
             self.emit(line)
-        # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is
+        # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is (a product
+        # stored in float32, a split of K's partial, is not)
         acc = KValue("acc", torch.float32, "x")
         if p.dtype != torch.float32:
             acc = self.cse(f"acc.to({triton_type(p.dtype)}).to(tl.float32)", torch.float32, "x")
@@ -286,7 +287,7 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     if template.buf.data.launch is not None:       # chosen by timing before lowering (gemm_templates="auto")
         configs = [template.buf.data.launch]
     else:
-        configs = template_configs(sizes, template.buf.dtype, backend.interpreted, batched)
+        configs = template_configs(sizes, template.buf.data.operand_dtype, backend.interpreted, batched)
         if not backend.tunes:
             configs = configs[:1]
     even_k = all(sizes[3] % cfg["BLOCK_K"] == 0 for cfg in configs)

@@ -10,10 +10,17 @@ one-operand ops such as GELU's tanh), since on a GEMM's tile these run at the te
 rather than hidden under a memory-bound kernel's traffic. The library call's time lacks its separate
 epilogue kernel: that is counted as the kernel's traffic, timed as copies of a product-sized tensor: the
 product's re-read and the output's write (`epilogue_share`), and a read of each full-size input (which the
-probe's time holds for the template). Every sample is timed on the GPU alone
-(the stream sleeps while the host queues it). The template is chosen only when it is faster by more than
-MARGIN, and its fastest config becomes the kernel's one config; otherwise the product is lowered as the
-library call, exactly as with gemm_templates="never".
+probe's time holds for the template). Every sample is timed on the GPU alone (the stream sleeps while the
+host queues it).
+
+A product of a long K beside its output (ir/template.py, split_k_counts) is also timed decomposed along K,
+for up to SPLIT_CANDIDATES split counts: the batched probe over K's slices storing float32 partials, plus a
+sum of those partials (torch's, standing for ember's reduction kernel, which also runs the epilogue and so
+reads its full-size inputs).
+
+The fastest template or decomposition is chosen only when it is faster by more than MARGIN, and its fastest
+config (with the split count: `decompose_k`) becomes the kernel's one config; otherwise the product is
+lowered as the library call, exactly as with gemm_templates="never".
 
 All probe configs of a graph are compiled at once in the compile pool. Choices are kept as JSON under
 `<ember cache dir>/autotune/`, keyed by the spec, the GPU, the versions of torch (its cuBLAS) and Triton
@@ -23,6 +30,7 @@ compile or run is dropped with a debug log line; a product none of whose probes 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -33,7 +41,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ...ir.template import ProductSpec
+from ...config import config
+from ...ir.template import SPLITS, ProductSpec, split_k_counts
 from ...runtime import compile_pool
 from ...runtime.autotune import median_ms, read_choice, write_choice
 from ...runtime.launch import Launcher
@@ -47,6 +56,11 @@ log = logging.getLogger("ember")
 # the template must beat the library (plus the epilogue it saves) by this fraction: a near-tie keeps the
 # library call, whose speed does not depend on ember's timing being representative
 MARGIN = 0.03
+# decompositions along K: how many split counts are timed, within which multiples of the device's programs
+# their tiles (128 x 128, over all slices) fall, and how many of the batched template's configs each
+SPLIT_CANDIDATES = 3
+SPLIT_WAVES = (0.25, 4)
+SPLIT_CONFIGS = 4
 
 
 def choose_products(specs: list, device: torch.device, interpreted: bool) -> dict:
@@ -68,7 +82,9 @@ def choose_products(specs: list, device: torch.device, interpreted: bool) -> dic
 def _path(spec: ProductSpec, device: torch.device) -> str:
     import triton
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = f"product|{spec}|{name}|{torch.__version__}|{triton.__version__}|" \
+    # the candidates' kinds (with decompositions along K) are part of the key: a choice made among fewer
+    # candidates is timed again
+    key = f"product|decompose_k={config.decompose_k}|{spec}|{name}|{torch.__version__}|{triton.__version__}|" \
           f"{torch.backends.cuda.matmul.allow_tf32}"
     return os.path.join(cache_dir(), "autotune", hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
@@ -82,10 +98,11 @@ _SKETCH_OPS = {"gelu": "helpers.erf_f32({0})", "gelu_tanh": "{0} / (1.0 + tl.exp
                **{k: v for k, v in UNARY.items() if "libdevice" in v or "tl." in v}}
 
 
-def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
+def probe_source(spec: ProductSpec, name: str, interpreted: bool, out_dtype: Optional[torch.dtype] = None) -> str:
     """A Triton kernel `name(A, B, C, E0, E1, ..., BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)` storing spec's
-    product into a contiguous C, with the template's main loop and then its sketched epilogue on the tile:
-    a load of each E (the product's size, or a row of N broadcast) and the costly one-operand ops."""
+    product into a contiguous C (of `out_dtype`, else the operands' dtype), with the template's main loop and
+    then its sketched epilogue on the tile: a load of each E (the product's size, or a row of N broadcast)
+    and the costly one-operand ops."""
     batch, m, n, k = spec.sizes()
     int64 = max(_extent(spec.a), _extent(spec.b), batch * m * n) >= 2 ** 31
     even_k = all(k % cfg["BLOCK_K"] == 0 for cfg in template_configs(spec.sizes(), spec.dtype, interpreted,
@@ -98,7 +115,7 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool) -> str:
         index = "xindex" if token == "load_full" else f"(xindex % {n})"
         lines.append(f"v += tl.load(E{i} + {index}, xmask, other=0).to(tl.float32)")
     lines += [f"v = {_SKETCH_OPS[t].format('v')}" for t in spec.epilogue if t in _SKETCH_OPS]
-    lines.append(f"tl.store(C + xindex, v.to({triton_type(spec.dtype)}), xmask)")
+    lines.append(f"tl.store(C + xindex, v.to({triton_type(out_dtype or spec.dtype)}), xmask)")
     params = ["A", "B", "C"] + [f"E{i}" for i in range(len(loads))] + \
         [f"{c}: tl.constexpr" for c in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")]
     head = ["@triton.jit", f"def {name}({', '.join(params)}):"]
@@ -139,50 +156,113 @@ def _operand(operand, dtype, device) -> torch.Tensor:
     return base.as_strided(size, stride)
 
 
+@dataclasses.dataclass
+class _Probe:
+    """One probe kernel to time: the product it computes (`spec`), in which dtype it stores it, its configs;
+    `splits` where it is the batched product of a decomposition along K."""
+    spec: ProductSpec
+    name: str
+    out_dtype: torch.dtype
+    configs: list
+    splits: int = 0
+
+
+def _probes(spec: ProductSpec, index: int, interpreted: bool, device: torch.device) -> list:
+    """The spec's own probe, and one per decomposition along K worth timing."""
+    probes = [_Probe(spec, f"ember_probe_{index}", spec.dtype,
+                     template_configs(spec.sizes(), spec.dtype, interpreted, spec.op == "bmm"))]
+    for splits in _split_counts(spec, device):
+        split = split_spec(spec, splits)
+        probes.append(_Probe(split, f"ember_probe_{index}_k{splits}", torch.float32,
+                             template_configs(split.sizes(), spec.dtype, interpreted, True)[:SPLIT_CONFIGS], splits))
+    return probes
+
+
+def _split_counts(spec: ProductSpec, device: torch.device) -> list:
+    """K's split counts to time for spec: those giving between SPLIT_WAVES[0] and SPLIT_WAVES[1] of the
+    device's programs in 128 x 128 tiles, at most SPLIT_CANDIDATES of them, the most splits first."""
+    if config.decompose_k != "auto" or spec.op == "bmm":
+        return []
+    _, m, n, k = spec.sizes()
+    tiles, programs = -(-m // 128) * -(-n // 128), max_programs(device)
+    counts = [s for s in split_k_counts(m, n, k)
+              if SPLIT_WAVES[0] * programs <= s * tiles <= SPLIT_WAVES[1] * programs]
+    return counts[::-1][:SPLIT_CANDIDATES]
+
+
+def split_spec(spec: ProductSpec, splits: int) -> ProductSpec:
+    """The batched product of spec decomposed into `splits` slices of K (ir/template.py, split_k_views)."""
+    (asz, (sam, sak)), (bsz, (sbk, sbn)) = spec.a, spec.b
+    depth = asz[1] // splits
+    return ProductSpec("bmm", ((splits, asz[0], depth), (depth * sak, sam, sak)),
+                       ((splits, depth, bsz[1]), (depth * sbk, sbk, sbn)), None, spec.dtype, 0.0)
+
+
 def _time_all(specs: list, device: torch.device, interpreted: bool) -> dict:
-    names = [f"ember_probe_{i}" for i in range(len(specs))]
-    configs = [template_configs(s.sizes(), s.dtype, interpreted, s.op == "bmm") for s in specs]
+    probes = [_probes(s, i, interpreted, device) for i, s in enumerate(specs)]
+    flat = [p for ps in probes for p in ps]
     source = module_header(interpreted) + \
-        "\n\n".join(probe_source(s, name, interpreted) for s, name in zip(specs, names))
+        "\n\n".join(probe_source(p.spec, p.name, interpreted, p.out_dtype) for p in flat)
     mod = load_probes(source)
     if not interpreted:
-        kernels = [types.SimpleNamespace(name=name, warm=compile_pool.WarmSpec([s.dtype] * (3 + len(_loads(s))), cfgs))
-                   for s, name, cfgs in zip(specs, names, configs)]
+        kernels = [types.SimpleNamespace(name=p.name, warm=compile_pool.WarmSpec(
+            [p.spec.dtype] * 2 + [p.out_dtype] + [p.spec.dtype] * len(_loads(p.spec)), p.configs)) for p in flat]
         compile_pool.precompile(mod, mod.helpers, kernels)
     out = {}
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with unset_fake_temporarily(), _disable_current_modes(), on_device:
-        for spec, name, cfgs in zip(specs, names, configs):
-            fn = getattr(mod, name)
-            out[spec] = _choose(spec, fn if interpreted else Launcher(fn), cfgs, device)
+        for spec, ps in zip(specs, probes):
+            launchers = [getattr(mod, p.name) if interpreted else Launcher(getattr(mod, p.name)) for p in ps]
+            out[spec] = _choose(spec, list(zip(ps, launchers)), device)
     return out
 
 
-def _choose(spec: ProductSpec, probe, configs: list, device: torch.device) -> Optional[dict]:
-    batch, m, n, k = spec.sizes()
+def _time_configs(probe: _Probe, launcher, device: torch.device, extra: tuple = ()) -> list:
+    """(ms, config) for each of the probe's configs that runs; operands random, of the spec's strides."""
+    spec = probe.spec
+    batch, m, n, _ = spec.sizes()
     a, b = _operand(spec.a, spec.dtype, device), _operand(spec.b, spec.dtype, device)
-    c = torch.empty((batch, m, n) if spec.op == "bmm" else (m, n), dtype=spec.dtype, device=device)
-    args = (a, b, c, *_epilogue_inputs(spec, device))
-    templates = []
+    c = torch.empty((batch, m, n) if spec.op == "bmm" else (m, n), dtype=probe.out_dtype, device=device)
+    args = (a, b, c, *extra)
     programs = max_programs(device)
     persistent = not is_row_vector(spec.sizes(), spec.op == "bmm")
-    for cfg in configs:
+    timed = []
+    for cfg in probe.configs:
         grid = template_grid(spec.sizes(), cfg, programs, persistent)
-        launch = (lambda g=grid, cfg=cfg: probe.launch(g, args, cfg)) if isinstance(probe, Launcher) \
-            else (lambda g=grid, cfg=cfg: probe[g](*args, **cfg))
+        launch = (lambda g=grid, cfg=cfg: launcher.launch(g, args, cfg)) if isinstance(launcher, Launcher) \
+            else (lambda g=grid, cfg=cfg: launcher[g](*args, **cfg))
         try:
-            templates.append((median_ms(launch, gpu_only=True), cfg))
+            timed.append((median_ms(launch, gpu_only=True), cfg))
         except Exception as e:        # noqa: BLE001 - a config that fails is only dropped
             log.debug("ember product choice: %s config %s dropped: %s", spec, cfg, e)
+    return timed
+
+
+def _choose(spec: ProductSpec, probes: list, device: torch.device) -> Optional[dict]:
+    """The choice for spec from its probes ((probe, launcher) pairs, its own first): the fastest template or
+    decomposition along K if it beats the library call plus the epilogue kernel fusing saves, else None."""
+    batch, m, n, k = spec.sizes()
+    (own, launcher), splits = probes[0], probes[1:]
+    templates = _time_configs(own, launcher, device, tuple(_epilogue_inputs(spec, device)))
+    a, b = _operand(spec.a, spec.dtype, device), _operand(spec.b, spec.dtype, device)
     library = median_ms(_library_call(spec, a, b, device), gpu_only=True)
-    saved = 0.0
-    if spec.epilogue_share:
-        # the library's epilogue kernel: the product's re-read and the output's write (less where the product
-        # is stored anyway), and a read of each full-size input; each read or write is half a copy
-        copy_src, copy_dst = torch.empty_like(c), torch.empty_like(c)
-        full_loads = sum(t == "load_full" for t in spec.epilogue)
-        copy_ms = median_ms(lambda: copy_dst.copy_(copy_src), gpu_only=True)
-        saved = (spec.epilogue_share + 0.5 * full_loads) * copy_ms
+    full_loads = sum(t == "load_full" for t in spec.epilogue)
+    copy_ms = 0.0
+    if spec.epilogue_share or (splits and full_loads):
+        # a product-sized copy: each read or write of the product's size is half of one
+        c = torch.empty((batch, m, n) if spec.op == "bmm" else (m, n), dtype=spec.dtype, device=device)
+        copy_dst = torch.empty_like(c)
+        copy_ms = median_ms(lambda: copy_dst.copy_(c), gpu_only=True)
+    for probe, split_launcher in splits:
+        # the partials' sum: a reduction kernel that also runs the epilogue, reading its full-size inputs
+        partials, summed = torch.randn(probe.splits, m, n, device=device), torch.empty(m, n, device=device)
+        reduce_ms = median_ms(lambda p=partials: torch.sum(p, 0, out=summed), gpu_only=True) + \
+            0.5 * full_loads * copy_ms
+        templates += [(ms + reduce_ms, {**cfg, SPLITS: probe.splits})
+                      for ms, cfg in _time_configs(probe, split_launcher, device)]
+    # the library's epilogue kernel: the product's re-read and the output's write (less where the product is
+    # stored anyway), and a read of each full-size input
+    saved = (spec.epilogue_share + 0.5 * full_loads) * copy_ms if spec.epilogue_share else 0.0
     choice = decide(templates, library, saved)
     log.debug("ember product choice: %s: library %.4f ms (+%.4f saved by fusing), template %s -> %s", spec,
               library, saved, [(round(t, 4), cfg) for t, cfg in templates], "library" if choice is None else choice)
