@@ -369,6 +369,14 @@ def test_decomposed_product_of_strided_operands_and_odd_sizes():
     _decomposed(sources, 4)         # 384 = 4 slices of 96 (the middle of 2, 4 and 8)
 
 
+def test_decomposed_product_of_a_slice_along_k():
+    """a is columns 100..483 of a wider matrix: its slices start at an offset into the storage."""
+    wide, b = _rand(13, 600), _rand(384, 7)
+    with ember.config.patch(decompose_k="always"):
+        _, sources = _compile(lambda wide, b: (wide[:, 100:484] @ b,), wide, b)
+    _decomposed(sources, 4)
+
+
 def test_decompose_k_leaves_short_k_and_batched_products_alone():
     """K under 8 x max(M, N), and every bmm: the template as it is, one kernel with its epilogue."""
     a, b, x, y = _rand(24, 96), _rand(96, 20), _rand(2, 8, 256), _rand(2, 256, 8)
