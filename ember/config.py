@@ -81,8 +81,9 @@ class Config:
     # when the graph is compiled, finds the template (with its epilogue) faster than the library call plus a
     # separate epilogue kernel (codegen/triton/product_choice.py; `torch.compile(mode="max-autotune")` sets
     # it), "matvec" (the default mode) only where the backend knows the template faster without timing
-    # (row-vector products on a GPU: decoding's linear layers), "always" for every supported product
-    # (tests), "never" (library calls only).
+    # (row-vector products on a GPU: decoding's linear layers), "epilogues" as "auto" for the products whose
+    # epilogue runs a costly one-operand op (GELU, SiLU, tanh ...) and as "matvec" for the others, "always" for
+    # every supported product (tests), "never" (library calls only).
     gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "matvec"))
     # Products of a small output and a long K (256 x 256 x 65536) as a batched template product over splits of
     # K, each split's float32 partial product stored, then their sum (a reduction kernel, into which the
@@ -159,9 +160,9 @@ class Config:
         # settings that name a kernel backend are checked against the registry (device.check_backend_settings)
         if self.wrapper not in ("python", "fx"):
             raise ValueError(f"ember.config.wrapper={self.wrapper!r}: use 'python' or 'fx'")
-        if self.gemm_templates not in ("auto", "always", "matvec", "never"):
+        if self.gemm_templates not in ("auto", "always", "matvec", "epilogues", "never"):
             raise ValueError(f"ember.config.gemm_templates={self.gemm_templates!r}: use 'auto', 'always', "
-                             f"'matvec' or 'never'")
+                             f"'matvec', 'epilogues' or 'never'")
         if self.decompose_k not in ("auto", "always", "never"):
             raise ValueError(f"ember.config.decompose_k={self.decompose_k!r}: use 'auto', 'always' or 'never'")
 

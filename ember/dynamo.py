@@ -59,8 +59,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     if (mode or "default") not in MODES:
         raise ValueError(f"ember: unknown torch.compile mode {mode!r}; use one of {', '.join(MODES)}")
     cudagraphs, tuned_products = MODES[mode or "default"]
-    # the search widens the default ("matvec"); a setting of "always" or "never" is the user's and stays
-    settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates == "matvec" else {}
+    # the search widens the default ("matvec") and "epilogues"; a setting of "always" or "never" stays
+    settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates in ("matvec", "epilogues") \
+        else {}
     source_keys.start()         # if Dynamo's start callback did not (a `torch._dynamo.reset()` removes it)
     _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward

@@ -277,3 +277,30 @@ def test_auto_lowers_a_product_chosen_decomposed(timed_backend, monkeypatch):
     sources = [gen.source for _, gen in compiled.kernels]
     assert ember.metrics.decomposed_products == 1 and len(sources) == 2
     assert any("# bmm: [4] x [12, 160] @ [160, 20]" in s for s in sources)
+
+
+@needs_triton
+def test_epilogues_times_only_products_with_a_costly_epilogue(timed_backend, monkeypatch):
+    """gemm_templates="epilogues": of an MLP's products, only the one whose readers run GELU is timed (and
+    lowered as chosen); the residual one stays the library call untimed. max-autotune widens it to "auto"."""
+    asked = []
+
+    def time_all(specs, device, interpreted):
+        asked.extend(specs)
+        return {s: template_configs(s.sizes(), s.dtype, interpreted)[0] for s in specs}
+    monkeypatch.setattr(product_choice, "_time_all", time_all)
+
+    def mlp(x, w1, b1, w2):
+        return (F.linear(F.gelu(F.linear(x, w1, b1)), w2) + x,)
+    args = _rand(24, 16), _rand(40, 16), _rand(40), _rand(16, 40)
+    with ember.config.patch(gemm_templates="epilogues", graph_cache=False):
+        compiled = ember.compile_graph(make_fx(mlp)(*args), list(args))
+        assert_close(tuple(compiled(list(args))), mlp(*args))
+    assert [s.epilogue for s in asked] == [("load_row", "gelu")]
+    assert ember.metrics.template_kernels == 1 and ember.metrics.fallbacks["aten.mm.default"] == 1
+    from ember.dynamo import ember_backend
+    seen = []
+    monkeypatch.setattr("ember.dynamo._compile_dynamo_graph", lambda gm, ex, cg, settings: seen.append(settings))
+    with ember.config.patch(gemm_templates="epilogues"):
+        ember_backend(make_fx(mlp)(*args), list(args), mode="max-autotune-no-cudagraphs")
+    assert seen == [{"gemm_templates": "auto"}]

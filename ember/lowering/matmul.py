@@ -5,8 +5,9 @@ renders them and ember.config.gemm_templates asks for them; otherwise (raising U
 without timing (`prefers_template`: row-vector products on a GPU, as in a decoding step). "auto" uses it
 there too, and wherever the backend's timing, before the graph is lowered, found it faster than the
 library call with its epilogue in a separate kernel (the backend's `choose_products`; the template then has
-the one launch config timed fastest); "always" wherever the backend has templates (configs timed at first
-call); "never" nowhere. The template covers static sizes, float32 (TF32 as
+the one launch config timed fastest); "epilogues" times only the products whose pointwise readers run a
+costly one-operand op (GELU, SiLU, tanh: where the fused epilogue pays most), the others as with "matvec";
+"always" wherever the backend has templates (configs timed at first call); "never" nowhere. The template covers static sizes, float32 (TF32 as
 torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16.
 addmm is the template's product plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses
 into the template's epilogue
@@ -49,7 +50,8 @@ def _template_plan(a, b) -> tuple:
     """Is a @ b (2-D or batched) a template, and with which launch config (None: timed at its first call)?
     "always": wherever the backend renders templates; "matvec": where the backend knows its template to be
     faster without timing (row-vector products on a GPU); "auto": those, and where the backend's timing
-    chose it for this graph node (_product_choices); "never": nowhere."""
+    chose it for this graph node (_product_choices); "epilogues": as "auto", timing only the products whose
+    pointwise readers run a costly one-operand op (COSTLY_EPILOGUE_OPS); "never": nowhere."""
     mode = config.gemm_templates
     backend = backend_for(a.get_device())
     if mode == "never" or not backend.gemm_templates or not _supported(a, b):
@@ -103,7 +105,7 @@ def _product_choices(graph) -> dict:
         specs: dict = {}
         for n in graph.gm.graph.nodes:
             spec = product_spec(n)
-            if spec is not None and not _preferred(n, backend_for(n.meta["val"].device)):
+            if spec is not None and _worth_timing(spec) and not _preferred(n, backend_for(n.meta["val"].device)):
                 specs.setdefault(n.meta["val"].device, {})[n] = spec
         graph.product_choices = {}
         for device, nodes in specs.items():
@@ -112,6 +114,16 @@ def _product_choices(graph) -> dict:
                 chosen = backend.choose_products(list(nodes.values()), device)
                 graph.product_choices.update({n: chosen.get(spec) for n, spec in nodes.items()})
     return graph.product_choices
+
+
+# one-operand ops that cost a GEMM's tile little beside a memory-bound kernel of their own: the products
+# gemm_templates="epilogues" times (GELU's bias + GELU on GPT-2's and BERT's MLPs: the template with its
+# epilogue 1.15-1.23x eager's cuBLAS call and GELU kernel, docs/performance.md)
+COSTLY_EPILOGUE_OPS = frozenset({"gelu", "gelu_tanh", "tanh", "erf", "silu", "sigmoid", "exp"})
+
+
+def _worth_timing(spec: ProductSpec) -> bool:
+    return config.gemm_templates != "epilogues" or not COSTLY_EPILOGUE_OPS.isdisjoint(spec.epilogue)
 
 
 def product_spec(n: torch.fx.Node) -> ProductSpec | None:
