@@ -400,3 +400,94 @@ def test_decomposed_weight_gradient_trains_as_eager():
     with ember.config.patch(gemm_templates="always", decompose_k="always"):
         check(lambda x: model(x).tanh(), x, grad=True)
     assert not any("mm" in op for op in ember.metrics.fallbacks) and ember.metrics.decomposed_products == 1
+
+
+# -- 1x1 convolutions of channels-last inputs ---------------------------------------------------------------
+
+def _channels_last(*shape, dtype=torch.float32):
+    return _rand(*shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_pointwise_convolution_with_bias_and_relu_is_one_kernel(dtype):
+    """A 1x1 convolution of a channels-last input is the template's product of the input's [N*H*W, C_in]
+    rows and the weight's transpose; its bias and ReLU run on the tile, and the one store is the channels-last
+    result. H and W are primes."""
+    x, w, b = _channels_last(2, 24, 5, 7, dtype=dtype), _rand(20, 24, 1, 1, dtype=dtype), _rand(20, dtype=dtype)
+    with ember.config.patch(conv_layout="channels_last"):
+        out, sources = _compile(lambda x, w, b: (F.relu(F.conv2d(x, w, b)),), x, w, b)
+    (src,) = _only_templates(sources, 1)
+    assert "# mm: [1] x [70, 24] @ [24, 20]" in src and src.count("tl.store(") == 1
+    assert out[0].is_contiguous(memory_format=torch.channels_last)
+    assert "aten.convolution.default" not in ember.metrics.fallbacks
+
+
+class _Bottleneck(torch.nn.Module):
+    """ResNet's bottleneck: 1x1, 3x3, 1x1 convolutions, each with BatchNorm; ReLUs and the residual."""
+
+    def __init__(self, width: int, inner: int):
+        super().__init__()
+        conv, norm = torch.nn.Conv2d, torch.nn.BatchNorm2d
+        self.c1, self.n1 = conv(width, inner, 1, bias=False), norm(inner)
+        self.c2, self.n2 = conv(inner, inner, 3, padding=1, bias=False), norm(inner)
+        self.c3, self.n3 = conv(inner, width, 1, bias=False), norm(width)
+        for n in (self.n1, self.n2, self.n3):
+            n.running_mean.normal_()
+            n.running_var.uniform_(0.5, 2.0)
+            n.weight.data.normal_()
+            n.bias.data.normal_()
+
+    def forward(self, x):
+        y = torch.relu(self.n1(self.c1(x)))
+        y = torch.relu(self.n2(self.c2(y)))
+        return torch.relu(self.n3(self.c3(y)) + x)
+
+
+def test_bottleneck_inference_fuses_norms_relus_and_the_residual_into_its_1x1_convolutions():
+    """In inference the 1x1 convolutions carry their BatchNorm and ReLU (and the last one the residual) on the
+    tile; the 3x3 convolution stays the library's."""
+    model = _Bottleneck(32, 16).eval().to(DEVICE)
+    x = _channels_last(2, 32, 5, 7)
+    with torch.no_grad(), ember.config.patch(gemm_templates="always", conv_layout="channels_last"):
+        check(model, x)
+    assert ember.metrics.template_kernels == 2 and ember.metrics.fused_epilogue_nodes >= 2
+    assert ember.metrics.fallbacks["aten.convolution.default"] == 1
+
+
+def test_bottleneck_trains_as_eager_with_templates_for_its_1x1_convolutions():
+    """In training the 1x1 convolutions' products are templates (their BatchNorm's statistics read them,
+    so they are stored); the backward's convolutions are the library's; output, gradients and running
+    statistics as eager's (a copy of the model: eager's BatchNorm saves the running statistics, which the
+    compiled step updates)."""
+    import copy
+    model = _Bottleneck(32, 16).train().to(DEVICE)
+    reference = copy.deepcopy(model)
+    x = _channels_last(2, 32, 5, 7)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    torch._dynamo.reset()
+    with ember.config.patch(gemm_templates="always", conv_layout="channels_last"):
+        out = torch.compile(model, backend="ember")(xs[0])
+        out.pow(2).sum().backward()
+    expected = reference(xs[1])
+    expected.pow(2).sum().backward()
+    assert_close(out, expected)
+    # float32 gradients summed over 70 positions in another order: 1e-4
+    assert_close([xs[0].grad, *(p.grad for p in model.parameters()), *model.buffers()],
+                 [xs[1].grad, *(p.grad for p in reference.parameters()), *reference.buffers()], 1e-4, 1e-4)
+    assert ember.metrics.template_kernels >= 2
+
+
+def test_other_convolutions_stay_library_calls():
+    """Strided or grouped 1x1 convolutions, larger kernels, and a 1x1 convolution of an NCHW input (no
+    layout plan) are ATen calls."""
+    x, w, wg, w3 = _channels_last(2, 24, 6, 6), _rand(20, 24, 1, 1), _rand(20, 12, 1, 1), _rand(20, 24, 3, 3)
+
+    def f(x, w, wg, w3):
+        return (F.conv2d(x, w, stride=2), F.conv2d(x, wg, groups=2), F.conv2d(x, w3))
+    with ember.config.patch(conv_layout="channels_last"):
+        _compile(f, x, w, wg, w3)
+    assert ember.metrics.template_kernels == 0 and ember.metrics.fallbacks["aten.convolution.default"] == 3
+    ember.metrics.reset()
+    with ember.config.patch(conv_layout="as_traced"):
+        _compile(lambda x, w: (F.conv2d(x, w),), x.contiguous(), w)
+    assert ember.metrics.template_kernels == 0 and ember.metrics.fallbacks["aten.convolution.default"] == 1

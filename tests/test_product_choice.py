@@ -304,3 +304,53 @@ def test_epilogues_times_only_products_with_a_costly_epilogue(timed_backend, mon
     with ember.config.patch(gemm_templates="epilogues"):
         ember_backend(make_fx(mlp)(*args), list(args), mode="max-autotune-no-cudagraphs")
     assert seen == [{"gemm_templates": "auto"}]
+
+
+# -- 1x1 convolutions ---------------------------------------------------------------------------------------
+
+def _conv_graph(x, w, b):
+    def f(x, w, b):
+        return (F.gelu(F.conv2d(x, w, b)),)
+    return make_fx(f)(x, w, b)
+
+
+def test_a_pointwise_convolution_states_its_product():
+    """A 1x1 convolution of a channels-last input: the product of its [N*H*W, C_in] rows and its weight's
+    transpose, the bias a row its epilogue loads; the library call is the convolution itself, which
+    computes that product."""
+    x = _rand(2, 24, 5, 7).contiguous(memory_format=torch.channels_last)
+    w, b = _rand(20, 24, 1, 1), _rand(20)
+    (spec,) = [product_spec(n) for n in _conv_graph(x, w, b).graph.nodes if product_spec(n) is not None]
+    assert spec.op == "conv1x1" and spec.sizes() == (1, 70, 20, 24)
+    assert spec.a == ((70, 24), (24, 1)) and spec.b == ((24, 20), (1, 24)) and spec.bias == ((20,), (1,))
+    assert spec.epilogue == ("load_row", "gelu") and spec.epilogue_share == 1.0
+    dev = torch.device(DEVICE)
+    torch.manual_seed(3)
+    out = product_choice._library_call(spec, None, None, dev)()
+    torch.manual_seed(3)
+    xs, ws = (product_choice._operand(o, spec.dtype, dev) for o in spec.conv)
+    bias = product_choice._operand(spec.bias, spec.dtype, dev)
+    rows = xs.permute(0, 2, 3, 1).reshape(70, 24)
+    assert_close(out.permute(0, 2, 3, 1).reshape(70, 20), rows @ ws.view(20, 24).t() + bias)
+    # an NCHW input, a 3x3 kernel: no product
+    assert not any(product_spec(n) for n in _conv_graph(x.contiguous(), w, b).graph.nodes)
+    assert not any(product_spec(n) for n in make_fx(lambda x, w: F.conv2d(x, w))(x, _rand(20, 24, 3, 3)).graph.nodes)
+
+
+@needs_triton
+def test_auto_lowers_a_pointwise_convolution_chosen_as_a_template(timed_backend, monkeypatch):
+    """A 1x1 convolution timed faster as the template is one kernel with its bias and GELU; one timed
+    slower stays the library's convolution."""
+    for chosen in (True, False):
+        def time_all(specs, device, interpreted):
+            return {s: template_configs(s.sizes(), s.dtype, interpreted)[0] if chosen else None for s in specs}
+        monkeypatch.setattr(product_choice, "_time_all", time_all)
+        ember.metrics.reset()
+        x = _rand(2, 24, 5, 7).contiguous(memory_format=torch.channels_last)
+        out_channels = 20 if chosen else 18          # another product: the first choice is kept on disk
+        w, b = _rand(out_channels, 24, 1, 1), _rand(out_channels)
+        with ember.config.patch(gemm_templates="auto", graph_cache=False, conv_layout="channels_last"):
+            compiled = ember.compile_graph(_conv_graph(x, w, b), [x, w, b])
+            assert_close(tuple(compiled([x, w, b])), (F.gelu(F.conv2d(x, w, b)),))
+        assert ember.metrics.template_kernels == int(chosen)
+        assert ember.metrics.fallbacks["aten.convolution.default"] == int(not chosen)

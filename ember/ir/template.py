@@ -128,14 +128,18 @@ class ProductSpec:
     reader (only the re-read is saved), 0 when nothing pointwise reads it. `epilogue` sketches what those
     pointwise readers would do on the template's tile: "load_full" for each other input of the product's
     size they read, "load_row" for each smaller one (a bias), and the names of their one-operand ops
-    ("tanh", "erf", ...), in graph order."""
-    op: str                          # "mm", "bmm" or "addmm"
+    ("tanh", "erf", ...), in graph order. A 1x1 convolution of a channels-last input is the product of its
+    input's rows and its weight's transpose ("conv1x1"; lowering/matmul.py, pointwise_convolution)."""
+    op: str                          # "mm", "bmm", "addmm" or "conv1x1"
     a: tuple                         # (size, stride) of each operand
     b: tuple
     bias: Optional[tuple]
     dtype: torch.dtype
     epilogue_share: float
     epilogue: tuple = ()
+    # "conv1x1": (size, stride) of the convolution's input and weight (a and b are the product they make:
+    # the input's [N*H*W, C_in] rows and the weight's transpose)
+    conv: Optional[tuple] = None
 
     def sizes(self) -> tuple:
         """(batch, M, N, K)."""

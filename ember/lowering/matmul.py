@@ -1,5 +1,6 @@
-"""Matrix products: mm, bmm and addmm as GEMM templates (ir/template.py) where the device's kernel backend
-renders them and ember.config.gemm_templates asks for them; otherwise (raising Unsupported) an ATen call.
+"""Matrix products: mm, bmm and addmm, and 1x1 convolutions of channels-last inputs, as GEMM templates
+(ir/template.py) where the device's kernel backend renders them and ember.config.gemm_templates asks for them;
+otherwise (raising Unsupported) an ATen call.
 
 "matvec" (the default) uses the template only where the backend knows it to be faster than the library
 without timing (`prefers_template`: row-vector products on a GPU, as in a decoding step). "auto" uses it
@@ -28,13 +29,14 @@ import torch
 from .. import metrics, state
 from ..config import config
 from ..device import backend_for
-from ..ir.nodes import TensorBox
+from ..ir.nodes import Layout, ReinterpretView, TensorBox
 from ..ir.ops import ops
 from ..ir.template import SPLITS, ProductSpec, TemplateBuffer, split_k_counts, split_k_views
 from .fallback import realize_arg
 from .layouts import has_static_layout
 from .pointwise import pointwise, to_dtype
 from .reductions import sum_
+from .views import view
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -51,23 +53,33 @@ def _template_plan(a, b) -> tuple:
     "always": wherever the backend renders templates; "matvec": where the backend knows its template to be
     faster without timing (row-vector products on a GPU); "auto": those, and where the backend's timing
     chose it for this graph node (_product_choices); "epilogues": as "auto", timing only the products whose
-    pointwise readers run a costly one-operand op (COSTLY_EPILOGUE_OPS); "never": nowhere."""
-    mode = config.gemm_templates
-    backend = backend_for(a.get_device())
-    if mode == "never" or not backend.gemm_templates or not _supported(a, b):
+    pointwise readers run a costly one-operand op (COSTLY_EPILOGUE_OPS); "never": nowhere. With
+    decompose_k="always", a 2-D product whose K splits is decomposed along K."""
+    if not _supported(a, b):
         return LIBRARY
-    if config.decompose_k == "always" and len(a.get_size()) == 2:
+    if config.decompose_k == "always" and len(a.get_size()) == 2 and _templates_on(a.get_device()):
         (m, k), n = a.get_size(), b.get_size()[-1]
         counts = split_k_counts(int(m), int(n), int(k), min_depth=16)
         if counts:
             return True, {SPLITS: counts[len(counts) // 2]}
-    if mode == "always":
+    return _node_plan(a.get_device())
+
+
+def _templates_on(device) -> bool:
+    return config.gemm_templates != "never" and backend_for(device).gemm_templates
+
+
+def _node_plan(device) -> tuple:
+    """The plan (_template_plan) for the graph's current product node, by config.gemm_templates alone."""
+    if not _templates_on(device):
+        return LIBRARY
+    if config.gemm_templates == "always":
         return True, None
     graph = state.current_graph()
     node = graph.current_node
-    if _preferred(node, backend):
+    if _preferred(node, backend_for(device)):
         return True, None
-    if mode == "matvec":
+    if config.gemm_templates == "matvec":
         return LIBRARY
     choices = _product_choices(graph)
     if node not in choices or choices[node] is None:
@@ -127,7 +139,10 @@ def _worth_timing(spec: ProductSpec) -> bool:
 
 
 def product_spec(n: torch.fx.Node) -> ProductSpec | None:
-    """The ProductSpec of an mm, bmm or addmm node with static sizes in a template dtype; else None."""
+    """The ProductSpec of an mm, bmm or addmm node, or a pointwise convolution, with static sizes in a
+    template dtype; else None."""
+    if pointwise_convolution(n):
+        return _convolution_spec(n)
     op = _PRODUCTS.get(n.target) if n.op == "call_function" else None
     if op is None:
         return None
@@ -149,6 +164,19 @@ def product_spec(n: torch.fx.Node) -> ProductSpec | None:
         sketch = ("load_full" if metas[0].numel() == n.meta["val"].numel() else "load_row",) + sketch
     return ProductSpec(op, layout[-2], layout[-1], layout[0] if op == "addmm" else None, a.dtype,
                        _epilogue_share(n), sketch)
+
+
+def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
+    x, w, bias = (a.meta["val"] if isinstance(a, torch.fx.Node) else None for a in n.args[:3])
+    if x.dtype not in TEMPLATE_DTYPES or w.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return None
+    batch, c_in, h, width = x.shape
+    rows = ((batch * h * width, c_in), (c_in, 1))
+    columns = ((c_in, w.shape[0]), (w.stride(1), w.stride(0)))
+    sketch = ("load_row",) + _epilogue_sketch(n) if bias is not None else _epilogue_sketch(n)
+    bias_layout = None if bias is None else (tuple(bias.shape), tuple(bias.stride()))
+    return ProductSpec("conv1x1", rows, columns, bias_layout, x.dtype, _epilogue_share(n), sketch,
+                       ((tuple(x.shape), tuple(x.stride())), (tuple(w.shape), tuple(w.stride()))))
 
 
 def _readers(n: torch.fx.Node) -> list:
@@ -203,7 +231,7 @@ def _view_base(a: torch.fx.Node) -> torch.fx.Node:
 
 def _static_layout(x) -> bool:
     l = x.layout
-    return all(isinstance(v, sympy.Integer) for v in (*l.size, *l.stride, l.offset))
+    return all(isinstance(v, (int, sympy.Integer)) for v in (*l.size, *l.stride, l.offset))
 
 
 def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
@@ -256,3 +284,68 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
             return p
         return ops.add(c if beta == 1 else ops.mul(c, ops.constant(beta, torch.float32)), p)
     return pointwise(combine, bias, product)
+
+
+# -- 1x1 convolutions of channels-last inputs: the same template ----------------------------------------
+
+def pointwise_convolution(node: torch.fx.Node) -> bool:
+    """Whether a convolution node is a product: a 2-D, 1x1, stride-1, unpadded, undilated, ungrouped,
+    untransposed convolution of a channels-last input into a channels-last output (ember's convolution
+    layout plan makes them so: graph/passes/conv_layout.py), with static sizes."""
+    if node is None or node.op != "call_function" or node.target is not aten.convolution.default:
+        return False
+    x, w, _, stride, padding, dilation, transposed, _, groups = node.args
+    metas = [x.meta.get("val"), w.meta.get("val"), node.meta.get("val")]
+    if not all(isinstance(m, torch.Tensor) and m.dim() == 4 and has_static_layout(m) for m in metas):
+        return False
+    xm, wm, out = metas
+    return tuple(wm.shape[2:]) == (1, 1) and list(stride) == [1, 1] and list(padding) == [0, 0] and \
+        list(dilation) == [1, 1] and not transposed and groups == 1 and \
+        all(m.is_contiguous(memory_format=torch.channels_last) for m in (xm, out))
+
+
+def _rows_of_channels_last(x) -> ReinterpretView:
+    """A stored channels-last [N, C, H, W] as the [N*H*W, C] matrix its memory is."""
+    base, layout = (x.data, x.layout) if isinstance(x, ReinterpretView) else (x, x.layout)
+    n, c, h, w = (int(s) for s in layout.size)
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, _integers(n * h * w, c), _integers(c, 1),
+                                        sympy.Integer(int(layout.offset))))
+
+
+def _weight_columns(w) -> ReinterpretView:
+    """A stored [C_out, C_in, 1, 1] weight as the [C_in, C_out] matrix a product reads (its transpose)."""
+    base, layout = (w.data, w.layout) if isinstance(w, ReinterpretView) else (w, w.layout)
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, _integers(layout.size[1], layout.size[0]),
+                                        _integers(layout.stride[1], layout.stride[0]), sympy.Integer(int(layout.offset))))
+
+
+def _integers(*values) -> list:
+    return [sympy.Integer(int(v)) for v in values]
+
+
+@lower(aten.convolution.default)
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A pointwise (1x1) convolution of a channels-last input as the GEMM template: the input's [N*H*W, C_in]
+    rows times the weight's transpose, whose row-major [N*H*W, C_out] output is the channels-last result;
+    bias and the pointwise consumers run on its tile. Any other convolution is the ATen call (cuDNN)."""
+    node = state.current_graph().current_node
+    if not pointwise_convolution(node) or product_spec(node) is None:
+        raise Unsupported("convolution other than a channels-last 1x1 in a template dtype")
+    wanted, launch = _node_plan(x.get_device())
+    if not wanted:
+        raise Unsupported("convolution outside the GEMM template")
+    x_meta, w_meta = node.args[0].meta["val"], node.args[1].meta["val"]
+    sx, sw = realize_arg(x, x_meta), realize_arg(weight, w_meta)
+    if not (_static_layout(sx) and _static_layout(sw)) or \
+            [int(s) for s in sx.layout.stride] != list(x_meta.stride()):
+        raise Unsupported("a 1x1 convolution whose input is not stored channels-last")
+    rows, columns = _rows_of_channels_last(sx), _weight_columns(sw)
+    graph = state.current_graph()
+    product = TensorBox(graph.register_buffer(TemplateBuffer.matmul(rows, columns, False, launch)))
+    n, _, h, w = (int(s) for s in x_meta.shape)
+    c_out = int(w_meta.shape[0])
+    out = TensorBox(ReinterpretView(product.data, Layout(product.device, product.dtype, _integers(n, c_out, h, w),
+                                                         _integers(h * w * c_out, 1, w * c_out, c_out))))
+    if bias is None:
+        return out
+    return pointwise(ops.add, out, view(bias, [c_out, 1, 1]))
