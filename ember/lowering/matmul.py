@@ -315,8 +315,8 @@ def _rows_of_channels_last(x) -> ReinterpretView:
 def _weight_columns(w) -> ReinterpretView:
     """A stored [C_out, C_in, 1, 1] weight as the [C_in, C_out] matrix a product reads (its transpose)."""
     base, layout = (w.data, w.layout) if isinstance(w, ReinterpretView) else (w, w.layout)
-    return ReinterpretView(base, Layout(layout.device, layout.dtype, _integers(layout.size[1], layout.size[0]),
-                                        _integers(layout.stride[1], layout.stride[0]), sympy.Integer(int(layout.offset))))
+    size, stride = _integers(layout.size[1], layout.size[0]), _integers(layout.stride[1], layout.stride[0])
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, size, stride, sympy.Integer(int(layout.offset))))
 
 
 def _integers(*values) -> list:
