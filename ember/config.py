@@ -82,7 +82,8 @@ class Config:
     # separate epilogue kernel (codegen/triton/product_choice.py; `torch.compile(mode="max-autotune")` sets
     # it), "matvec" (the default mode) only where the backend knows the template faster without timing
     # (row-vector products on a GPU: decoding's linear layers), "epilogues" as "auto" for the products whose
-    # epilogue runs a costly one-operand op (GELU, SiLU, tanh ...) and as "matvec" for the others, "always" for
+    # epilogue runs a costly one-operand op (GELU, SiLU, tanh ...) and the 1x1 convolutions with a pointwise
+    # reader, and as "matvec" for the others, "always" for
     # every supported product (tests), "never" (library calls only).
     gemm_templates: str = dataclasses.field(default_factory=lambda: os.environ.get("EMBER_GEMM_TEMPLATES", "matvec"))
     # Products of a small output and a long K (256 x 256 x 65536) as a batched template product over splits of

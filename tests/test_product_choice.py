@@ -354,3 +354,16 @@ def test_auto_lowers_a_pointwise_convolution_chosen_as_a_template(timed_backend,
             assert_close(tuple(compiled([x, w, b])), (F.gelu(F.conv2d(x, w, b)),))
         assert ember.metrics.template_kernels == int(chosen)
         assert ember.metrics.fallbacks["aten.convolution.default"] == int(not chosen)
+
+
+def test_epilogues_times_a_pointwise_convolution_with_a_pointwise_reader(monkeypatch):
+    """gemm_templates="epilogues" times a 1x1 convolution read by a ReLU (its fused BatchNorm and ReLU are
+    what the library's convolution cannot take), not one whose output is only returned."""
+    from ember.lowering import matmul
+    x = _rand(2, 24, 5, 7).contiguous(memory_format=torch.channels_last)
+    w = _rand(20, 24, 1, 1)
+    read = [product_spec(n) for n in make_fx(lambda x, w: F.conv2d(x, w).relu())(x, w).graph.nodes]
+    returned = [product_spec(n) for n in make_fx(lambda x, w: F.conv2d(x, w))(x, w).graph.nodes]
+    (read,), (returned,) = [s for s in read if s], [s for s in returned if s]
+    with ember.config.patch(gemm_templates="epilogues"):
+        assert matmul._worth_timing(read) and not matmul._worth_timing(returned)

@@ -135,7 +135,10 @@ COSTLY_EPILOGUE_OPS = frozenset({"gelu", "gelu_tanh", "tanh", "erf", "silu", "si
 
 
 def _worth_timing(spec: ProductSpec) -> bool:
-    return config.gemm_templates != "epilogues" or not COSTLY_EPILOGUE_OPS.isdisjoint(spec.epilogue)
+    """Under "epilogues": a product whose epilogue runs a costly op, and a 1x1 convolution with any pointwise
+    reader (its BatchNorm and ReLU: the library's convolution cannot take them, unlike cuBLAS a bias)."""
+    return config.gemm_templates != "epilogues" or not COSTLY_EPILOGUE_OPS.isdisjoint(spec.epilogue) or \
+        (spec.op == "conv1x1" and spec.epilogue_share > 0)
 
 
 def product_spec(n: torch.fx.Node) -> ProductSpec | None:
