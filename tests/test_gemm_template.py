@@ -491,3 +491,53 @@ def test_other_convolutions_stay_library_calls():
     with ember.config.patch(conv_layout="as_traced"):
         _compile(lambda x, w: (F.conv2d(x, w),), x.contiguous(), w)
     assert ember.metrics.template_kernels == 0 and ember.metrics.fallbacks["aten.convolution.default"] == 1
+
+
+# -- prologues: an operand cast on its tile ------------------------------------------------------------------
+
+def test_a_weight_cast_to_bf16_is_read_in_float32_and_cast_on_the_tile():
+    """x @ w.to(bf16).t() (autocast's cast of a float32 weight): the template reads the float32 weight where
+    it is, transposed, and rounds its tile to bfloat16; no kernel writes the cast weight."""
+    x, w, b = _rand(24, 40, dtype=BF16), _rand(48, 40), _rand(48)
+    out, sources = _compile(lambda x, w, b: (F.gelu(x @ w.to(BF16).t() + b.to(BF16)),), x, w, b)
+    (src,) = _only_templates(sources, 1)
+    assert "b = b.to(tl.bfloat16)" in src and out[0].dtype == BF16
+
+
+def test_a_cast_weight_in_a_row_vector_product_and_a_decomposed_one():
+    """The row-vector loop rounds the cast operand to bfloat16 before its float32 products; a product
+    decomposed along K casts the slices' tiles."""
+    x, w, xl, wl = _rand(1, 40, dtype=BF16), _rand(48, 40), _rand(16, 512, dtype=BF16), _rand(512, 20)
+    out, sources = _compile(lambda x, w: ((x @ w.to(BF16).t()).relu(),), x, w)
+    (src,) = _only_templates(sources, 1)
+    assert "# mv:" in src and ".to(tl.bfloat16).to(tl.float32)" in src
+    with ember.config.patch(decompose_k="always"):
+        _, sources = _compile(lambda x, w: (x @ w.to(BF16),), xl, wl)
+    template, _ = _decomposed(sources, 8)
+    assert "b = b.to(tl.bfloat16)" in template
+
+
+def test_a_cast_read_by_two_products_and_kept():
+    """A cast weight that is also returned is stored once; each product reads it or its source, correctly."""
+    x, w = _rand(24, 40, dtype=BF16), _rand(48, 40)
+
+    def f(x, w):
+        wb = w.to(BF16)
+        return (x @ wb.t()).relu(), (x @ wb.t()).sigmoid(), wb
+    _compile(f, x, w)
+
+
+def test_linear_under_autocast_trains_as_eager():
+    """A float32 linear layer under CPU autocast (bfloat16): the forward's and backward's products take the
+    weight's cast on their tiles where nothing else keeps it; gradients as eager's."""
+    if DEVICE != "cpu":
+        pytest.skip("CPU autocast")
+    model = torch.nn.Linear(40, 24)
+    x = _rand(32, 40).requires_grad_()
+
+    def step(x):
+        with torch.autocast("cpu", dtype=BF16):
+            return model(x).float().tanh()
+    with ember.config.patch(gemm_templates="always"):
+        check(step, x, grad=True, rtol=2e-2, atol=2e-2)
+    assert not any("mm" in op for op in ember.metrics.fallbacks)

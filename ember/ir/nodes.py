@@ -115,6 +115,8 @@ class Pointwise(Loops):
     # (base TensorBox, layout_fn) where this Pointwise is a view of a value not stored when the view was
     # taken: lowering/views.stored_view can store the base and make the view a ReinterpretView of it
     view_of = None
+    # the stored TensorBox this Pointwise casts to another float dtype, if that is all it does
+    cast_of = None
 
     def make_loader(self):
         return self.inner_fn

@@ -36,16 +36,15 @@ class MatmulProduct(Loops):
     # the launch config timed fastest for this product when it was chosen over the library call
     # (ember.config.gemm_templates="auto"); None: the kernel's candidates are timed at its first call
     launch: Optional[dict] = None
+    # the dtype the product multiplies: the operands', or what an operand stored in another dtype is cast to
+    # on its tile (a prologue: autocast's cast of a float32 weight)
+    operand_dtype: Optional[torch.dtype] = None
 
     def sizes(self) -> tuple:
         """(batch, M, N, K) as ints (batch 1 for mm)."""
         asz, bsz = self.a.get_size(), self.b.get_size()
         batch = int(asz[0]) if self.batched else 1
         return batch, int(asz[-2]), int(bsz[-1]), int(asz[-1])
-
-    @property
-    def operand_dtype(self) -> torch.dtype:
-        return self.a.get_dtype()
 
 
 def _product_body(a, b, batched):
@@ -61,11 +60,15 @@ class TemplateBuffer(ComputedBuffer):
     """A ComputedBuffer whose value a backend's template computes (its `data` is a MatmulProduct)."""
 
     @staticmethod
-    def matmul(a, b, batched: bool, launch: Optional[dict] = None,
-               dtype: Optional[torch.dtype] = None) -> "TemplateBuffer":
-        device, dtype = a.get_device(), dtype or a.get_dtype()
+    def matmul(a, b, batched: bool, launch: Optional[dict] = None, dtype: Optional[torch.dtype] = None,
+               operand_dtype: Optional[torch.dtype] = None) -> "TemplateBuffer":
+        """a @ b stored in `dtype` (default: the operand dtype), multiplied in `operand_dtype` (default: a's;
+        an operand stored in another dtype is cast to it as its tile is loaded)."""
+        operand_dtype = operand_dtype or a.get_dtype()
+        device, dtype = a.get_device(), dtype or operand_dtype
         size = [*(a.get_size()[:1] if batched else []), a.get_size()[-2], b.get_size()[-1]]
-        data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched, launch)
+        data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched, launch,
+                             operand_dtype)
         return TemplateBuffer(None, Layout.contiguous(device, dtype, size), data)
 
     def operands(self) -> list:

@@ -244,25 +244,47 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     node = state.current_graph().current_node
     metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in node.args[-2:]] \
         if node is not None else [None, None]
-    sa, sb = realize_arg(a, metas[0]), realize_arg(b, metas[1])
+    sa, sb = (_cast_source(x) or realize_arg(x, meta) for x, meta in zip((a, b), metas))
     if not (_static_layout(sa) and _static_layout(sb)):
         raise Unsupported("GEMM template operands with symbolic layouts")
     graph = state.current_graph()
     if launch is not None and SPLITS in launch:
-        return _decomposed_along_k(sa, sb, launch)
-    return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch)))
+        return _decomposed_along_k(sa, sb, launch, a.get_dtype())
+    return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch,
+                                                                 operand_dtype=a.get_dtype())))
 
 
-def _decomposed_along_k(a, b, launch: dict) -> TensorBox:
+def _cast_source(box: TensorBox):
+    """For an operand not yet stored that is a float cast of a stored value, through views (autocast's cast of
+    a float32 weight, transposed): the same view of the stored value, which the template loads and casts on
+    the tile (a prologue), so the cast copy is never written. None for anything else."""
+    views, data = [], box.data
+    while getattr(data, "view_of", None) is not None:
+        base, layout_fn = data.view_of
+        views.append(layout_fn)
+        data = base.data
+    source = getattr(data, "cast_of", None)
+    if source is None or not source.is_realized():
+        return None
+    stored = source.data
+    buf, layout = (stored.data, stored.layout) if isinstance(stored, ReinterpretView) else (stored, stored.layout)
+    for layout_fn in reversed(views):
+        layout = layout_fn(layout)
+        if layout is None:
+            return None
+    return ReinterpretView(buf, layout)
+
+
+def _decomposed_along_k(a, b, launch: dict, operand_dtype: torch.dtype) -> TensorBox:
     """a @ b as the sum of launch[SPLITS] products over slices of K: one batched template storing each slice's
     float32 product, then a sum over the slices (a reduction kernel, where the epilogue fuses), rounded once
     to the operands' dtype, as a library product is."""
     config_of_batch = {k: v for k, v in launch.items() if k != SPLITS} or None
     metrics.decomposed_products += 1
     va, vb = split_k_views(a, b, launch[SPLITS])
-    partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32)
+    partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32, operand_dtype=operand_dtype)
     summed = sum_(TensorBox(state.current_graph().register_buffer(partials)), [0])
-    return to_dtype(summed, a.get_dtype()) if a.get_dtype() != torch.float32 else summed
+    return to_dtype(summed, operand_dtype) if operand_dtype != torch.float32 else summed
 
 
 @lower(aten.mm.default)

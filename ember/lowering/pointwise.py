@@ -562,7 +562,12 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
 
 def to_dtype(x: TensorBox, dtype: torch.dtype) -> TensorBox:
     loader, src = x.make_loader(), x.dtype
-    return TensorBox.pointwise(x.device, dtype, lambda idx: cast(loader(idx), src, dtype), x.get_size())
+    box = TensorBox.pointwise(x.device, dtype, lambda idx: cast(loader(idx), src, dtype), x.get_size())
+    if src.is_floating_point and dtype.is_floating_point and x.is_realized():
+        # a float cast of a stored value (autocast's cast of a weight): a GEMM template may read the stored
+        # value and cast its tile instead (lowering/matmul.py, a prologue)
+        box.data.cast_of = x
+    return box
 
 
 @lower(prims.convert_element_type.default)

@@ -124,12 +124,14 @@ class TemplateKernel(TritonKernel):
                     node.buf.store_body(ivals, rvals)
         return self
 
-    def _operand(self, view) -> tuple[str, int, list]:
-        """(pointer, offset, strides of the (batch, row, col) dims) of a stored operand."""
+    def _operand(self, view) -> tuple:
+        """(pointer, offset, strides of the (batch, row, col) dims, the Triton type its tile is cast to or None)
+        of a stored operand: one stored in another dtype than the product multiplies is cast as it is loaded."""
         base, offset = operand_base(view)
         layout = view.layout
         strides = [int(s) if int(n) != 1 else 0 for s, n in zip(layout.stride, layout.size)]
-        return self.args.input(base.storage_name()), offset, ([0] + strides if len(strides) == 2 else strides)
+        cast = triton_type(self.product.operand_dtype) if view.get_dtype() != self.product.operand_dtype else None
+        return self.args.input(base.storage_name()), offset, ([0] + strides if len(strides) == 2 else strides), cast
 
     def _main_loop(self):
         p = self.product
@@ -184,12 +186,13 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
                     even_k: bool, interpreted: bool) -> MainLoop:
     """The template's main loop: for each of the program's tiles, the float32 tile `acc` of the product,
     then `xindex` and `xmask` (the tile's flat positions in the row-major product, and which are inside it).
-    `a` and `b` are each operand's (pointer name, offset, (batch, row, col) strides)."""
+    `a` and `b` are each operand's (pointer name, offset, (batch, row, col) strides[, the Triton type its tile
+    is cast to as it is loaded, or None])."""
     if is_row_vector(sizes, batched):
         return row_loop_lines(sizes, dtype, a, b, int64, even_k)
     batch, M, N, K = sizes
-    a_ptr, a_off, (sab, sam, sak) = a
-    b_ptr, b_off, (sbb, sbk, sbn) = b
+    a_ptr, a_off, (sab, sam, sak), *a_cast = a
+    b_ptr, b_off, (sbb, sbk, sbn), *b_cast = b
     idx = ".to(tl.int64)" if int64 else ""
     precision = ""
     if dtype == torch.float32:
@@ -228,6 +231,8 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     else:
         body = [f"a = tl.load(a_ptrs, mask=rk[None, :] < {K} - k, other=0.0)",
                 f"b = tl.load(b_ptrs, mask=rk[:, None] < {K} - k, other=0.0)"]
+    # a prologue: an operand stored in another dtype (a float32 weight under autocast) is cast on its tile
+    body += [f"{name} = {name}.to({cast[0]})" for name, cast in (("a", a_cast), ("b", b_cast)) if cast and cast[0]]
     if interpreted and dtype == torch.bfloat16:
         # Triton's interpreter multiplies bfloat16 blocks wrongly (values off by 1e10); their products are
         # exact in float32, so the interpreter multiplies them there
@@ -248,8 +253,10 @@ def row_loop_lines(sizes: tuple, dtype: torch.dtype, a: tuple, b: tuple, int64: 
     at the end; `acc` is then the [1, BLOCK_N] tile. B's columns are read along K, contiguous for a linear
     layer's transposed weight."""
     _, _, N, K = sizes
-    a_ptr, a_off, (_, _, sak) = a
-    b_ptr, b_off, (_, sbk, sbn) = b
+    a_ptr, a_off, (_, _, sak), *a_cast = a
+    b_ptr, b_off, (_, sbk, sbn), *b_cast = b
+    # an operand stored in another dtype is rounded to the product's first (a prologue)
+    a_to, b_to = (f".to({cast[0]})" if cast and cast[0] else "" for cast in (a_cast, b_cast))
     idx = ".to(tl.int64)" if int64 else ""
     setup = [
         f"# mv: [1, {K}] @ [{K}, {N}], {dtype}, float32 accumulator, BLOCK_N columns per program",
@@ -263,10 +270,10 @@ def row_loop_lines(sizes: tuple, dtype: torch.dtype, a: tuple, b: tuple, int64: 
         f"for k in range(0, {K}, BLOCK_K):",
     ]
     if even_k:
-        body = ["a = tl.load(a_ptrs).to(tl.float32)", "b = tl.load(b_ptrs).to(tl.float32)"]
+        body = [f"a = tl.load(a_ptrs){a_to}.to(tl.float32)", f"b = tl.load(b_ptrs){b_to}.to(tl.float32)"]
     else:
-        body = [f"a = tl.load(a_ptrs, mask=rk < {K} - k, other=0.0).to(tl.float32)",
-                f"b = tl.load(b_ptrs, mask=(rk < {K} - k)[None, :], other=0.0).to(tl.float32)"]
+        body = [f"a = tl.load(a_ptrs, mask=rk < {K} - k, other=0.0){a_to}.to(tl.float32)",
+                f"b = tl.load(b_ptrs, mask=(rk < {K} - k)[None, :], other=0.0){b_to}.to(tl.float32)"]
     body += ["part += b * a[None, :]", f"a_ptrs += BLOCK_K * {sak}", f"b_ptrs += BLOCK_K * {sbk}"]
     setup += ["    " + ln for ln in body]
     tile = ["acc = tl.sum(part, 1)[None, :]",
