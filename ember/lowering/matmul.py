@@ -7,13 +7,15 @@ without timing (`prefers_template`: row-vector products on a GPU, as in a decodi
 there too, and wherever the backend's timing, before the graph is lowered, found it faster than the
 library call with its epilogue in a separate kernel (the backend's `choose_products`; the template then has
 the one launch config timed fastest); "epilogues" times only the products whose pointwise readers run a
-costly one-operand op (GELU, SiLU, tanh: where the fused epilogue pays most), the others as with "matvec";
-"always" wherever the backend has templates (configs timed at first call); "never" nowhere. The template covers static sizes, float32 (TF32 as
+costly one-operand op (GELU, SiLU, tanh: where the fused epilogue pays most) and the 1x1 convolutions with
+pointwise readers, the others as with "matvec"; "always" wherever the backend has templates (configs timed
+at first call); "never" nowhere. The template covers static sizes, float32 (TF32 as
 torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16.
 addmm is the template's product plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses
 into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
-graph/passes/post_grad.py, unfuse_bias_addmm).
+graph/passes/post_grad.py, unfuse_bias_addmm). An operand that is a float cast of a stored value (autocast's
+weight cast) is read where that value lies and cast on its tile (`_cast_source`).
 
 A product with a small output and a long K (256 x 256 x 65536: a few output tiles for a whole GPU) may be
 decomposed along K (ember.config.decompose_k): a batched template computes the products of K's slices into a
@@ -36,8 +38,8 @@ from .fallback import realize_arg
 from .layouts import has_static_layout
 from .pointwise import pointwise, to_dtype
 from .reductions import sum_
-from .views import view
 from .registry import Unsupported, lower
+from .views import view
 
 aten = torch.ops.aten
 
@@ -244,7 +246,11 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     node = state.current_graph().current_node
     metas = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in node.args[-2:]] \
         if node is not None else [None, None]
-    sa, sb = (_cast_source(x) or realize_arg(x, meta) for x, meta in zip((a, b), metas))
+    # a prologue only where the launch configs are tried at the first call (a config whose wider tiles of the
+    # uncast operand overflow shared memory is dropped then); one config chosen by timing keeps what it timed
+    tried_at_first_call = launch is None or set(launch) == {SPLITS}
+    sa, sb = ((_cast_source(x) if tried_at_first_call else None) or realize_arg(x, meta)
+              for x, meta in zip((a, b), metas))
     if not (_static_layout(sa) and _static_layout(sb)):
         raise Unsupported("GEMM template operands with symbolic layouts")
     graph = state.current_graph()
@@ -282,7 +288,8 @@ def _decomposed_along_k(a, b, launch: dict, operand_dtype: torch.dtype) -> Tenso
     config_of_batch = {k: v for k, v in launch.items() if k != SPLITS} or None
     metrics.decomposed_products += 1
     va, vb = split_k_views(a, b, launch[SPLITS])
-    partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32, operand_dtype=operand_dtype)
+    partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32,
+                                     operand_dtype=operand_dtype)
     summed = sum_(TensorBox(state.current_graph().register_buffer(partials)), [0])
     return to_dtype(summed, operand_dtype) if operand_dtype != torch.float32 else summed
 
