@@ -16,7 +16,10 @@ def cache(tmp_path, monkeypatch):
 def _own_cudagraph_pools(monkeypatch):
     """Each test's CUDA graphs in pools of its own: outputs an earlier test left alive in a shared pool
     (held by a frame or a cycle not yet collected) would make its first captures run uncaptured, and the
-    counts a test asserts would depend on which tests ran before it in the same worker."""
+    counts a test asserts would depend on which tests ran before it in the same worker. Likewise the
+    addresses of recorded outputs: an earlier test's recording not yet collected, at an address the CPU's
+    allocator hands this test's tensor, would make that tensor look like a recording's output."""
     import collections
-    from ember.runtime import cudagraph_memory
+    from ember.runtime import cudagraph_memory, cudagraphs
     monkeypatch.setattr(cudagraph_memory, "pools", collections.defaultdict(cudagraph_memory.DevicePools))
+    monkeypatch.setattr(cudagraphs, "_recorded_storages", collections.Counter())
