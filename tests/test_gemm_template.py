@@ -541,3 +541,17 @@ def test_linear_under_autocast_trains_as_eager():
     with ember.config.patch(gemm_templates="always"):
         check(step, x, grad=True, rtol=2e-2, atol=2e-2)
     assert not any("mm" in op for op in ember.metrics.fallbacks)
+
+
+def test_a_pointwise_convolution_of_one_pixel_takes_the_row_vector_loop(monkeypatch):
+    """A squeeze-and-excitation block's 1x1 convolutions on one pooled pixel of one image are row-vector
+    products: where the backend prefers its row-vector template (a GPU's rule, patched in here), the default
+    mode lowers them so, bias and sigmoid on the tile."""
+    from ember.codegen.triton.backend import TritonBackend
+    monkeypatch.setattr(TritonBackend, "prefers_template", lambda self, spec: spec.sizes()[1] == 1)
+    x = _channels_last(1, 40, 1, 1)
+    w, b = _rand(24, 40, 1, 1), _rand(24)
+    with ember.config.patch(conv_layout="channels_last"):
+        _, sources = _compile(lambda x, w, b: (torch.sigmoid(F.conv2d(x, w, b)),), x, w, b, mode="matvec")
+    (src,) = _only_templates(sources, 1)
+    assert "# mv:" in src
