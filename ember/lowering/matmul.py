@@ -324,7 +324,8 @@ def pointwise_convolution(node: torch.fx.Node) -> bool:
     """Whether a convolution node is a product: a 2-D, 1x1, stride-1, unpadded, undilated, ungrouped,
     untransposed convolution of a channels-last input into a channels-last output (ember's convolution
     layout plan makes them so: graph/passes/conv_layout.py), with static sizes."""
-    if node is None or node.op != "call_function" or node.target is not aten.convolution.default:
+    if node is None or node.op != "call_function" or node.target is not aten.convolution.default or \
+            len(node.args) != 9 or node.kwargs:
         return False
     x, w, _, stride, padding, dilation, transposed, _, groups = node.args
     metas = [x.meta.get("val"), w.meta.get("val"), node.meta.get("val")]
