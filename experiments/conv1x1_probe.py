@@ -2,7 +2,7 @@
 its BatchNorm (running statistics) and ReLU, on a GPU: eager, ember's default (cuDNN's convolution, then
 one ember kernel for the norm and ReLU) and ember with `gemm_templates="always"` (the GEMM template over
 the input's pixel rows, the norm and ReLU on its tile), plus what `gemm_templates="epilogues"` chooses.
-us per call, median of 10 back-to-back calls timed together; each variant checked against eager.
+us per call, median of 20 samples of 10 back-to-back calls; each variant checked against eager.
 
     python -m experiments.conv1x1_probe [--batch 64] [--shapes C_IN,C_OUT,HW;...]
 """
@@ -24,20 +24,9 @@ def _block(c_in: int, c_out: int):
     return torch.nn.Sequential(conv, norm, torch.nn.ReLU()).eval()
 
 
-def _time_us(fn, x, calls: int = 10, samples: int = 20) -> float:
-    for _ in range(3):
-        fn(x)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn(x)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(times)[len(times) // 2]
+def _time_us(fn, x) -> float:
+    from ember.report.roofline import cuda_seconds
+    return cuda_seconds(lambda: fn(x), calls=10) * 1e6
 
 
 def main() -> None:

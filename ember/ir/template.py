@@ -75,6 +75,11 @@ class TemplateBuffer(ComputedBuffer):
         return [self.data.a, self.data.b]
 
 
+def stored_base(x) -> tuple:
+    """(the buffer, the layout) of a stored value: a Buffer, or a ReinterpretView of one."""
+    return (x.data, x.layout) if isinstance(x, ReinterpretView) else (x, x.layout)
+
+
 def operand_base(x) -> tuple[Buffer, int]:
     """(the buffer whose memory a stored operand reads, the operand's offset in elements from that buffer's
     own start): kernels get the buffer's tensor, whose data pointer already includes its storage offset."""
@@ -90,7 +95,7 @@ def split_k_views(a, b, splits: int) -> tuple:
 
 
 def _split_view(x, splits: int, kdim: int) -> ReinterpretView:
-    base, layout = (x.data, x.layout) if isinstance(x, ReinterpretView) else (x, x.layout)
+    base, layout = stored_base(x)
     size, stride = list(layout.size), list(layout.stride)
     depth = size[kdim] // splits
     size[kdim] = depth

@@ -33,7 +33,8 @@ from ..config import config
 from ..device import backend_for
 from ..ir.nodes import Layout, ReinterpretView, TensorBox
 from ..ir.ops import ops
-from ..ir.template import SPLITS, ProductSpec, TemplateBuffer, split_k_counts, split_k_views
+from ..ir.symbolic import sympify, sympy_list
+from ..ir.template import SPLITS, ProductSpec, TemplateBuffer, split_k_counts, split_k_views, stored_base
 from .fallback import realize_arg
 from .layouts import has_static_layout
 from .pointwise import pointwise, to_dtype
@@ -272,8 +273,7 @@ def _cast_source(box: TensorBox):
     source = getattr(data, "cast_of", None)
     if source is None or not source.is_realized():
         return None
-    stored = source.data
-    buf, layout = (stored.data, stored.layout) if isinstance(stored, ReinterpretView) else (stored, stored.layout)
+    buf, layout = stored_base(source.data)
     for layout_fn in reversed(views):
         layout = layout_fn(layout)
         if layout is None:
@@ -339,21 +339,17 @@ def pointwise_convolution(node: torch.fx.Node) -> bool:
 
 def _rows_of_channels_last(x) -> ReinterpretView:
     """A stored channels-last [N, C, H, W] as the [N*H*W, C] matrix its memory is."""
-    base, layout = (x.data, x.layout) if isinstance(x, ReinterpretView) else (x, x.layout)
+    base, layout = stored_base(x)
     n, c, h, w = (int(s) for s in layout.size)
-    return ReinterpretView(base, Layout(layout.device, layout.dtype, _integers(n * h * w, c), _integers(c, 1),
-                                        sympy.Integer(int(layout.offset))))
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, sympy_list((n * h * w, c)), sympy_list((c, 1)),
+                                        sympify(layout.offset)))
 
 
 def _weight_columns(w) -> ReinterpretView:
     """A stored [C_out, C_in, 1, 1] weight as the [C_in, C_out] matrix a product reads (its transpose)."""
-    base, layout = (w.data, w.layout) if isinstance(w, ReinterpretView) else (w, w.layout)
-    size, stride = _integers(layout.size[1], layout.size[0]), _integers(layout.stride[1], layout.stride[0])
-    return ReinterpretView(base, Layout(layout.device, layout.dtype, size, stride, sympy.Integer(int(layout.offset))))
-
-
-def _integers(*values) -> list:
-    return [sympy.Integer(int(v)) for v in values]
+    base, layout = stored_base(w)
+    size, stride = sympy_list((layout.size[1], layout.size[0])), sympy_list((layout.stride[1], layout.stride[0]))
+    return ReinterpretView(base, Layout(layout.device, layout.dtype, size, stride, sympify(layout.offset)))
 
 
 @lower(aten.convolution.default)
@@ -362,7 +358,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     rows times the weight's transpose, whose row-major [N*H*W, C_out] output is the channels-last result;
     bias and the pointwise consumers run on its tile. Any other convolution is the ATen call (cuDNN)."""
     node = state.current_graph().current_node
-    if not pointwise_convolution(node) or product_spec(node) is None:
+    if product_spec(node) is None:      # not a pointwise convolution of a template dtype
         raise Unsupported("convolution other than a channels-last 1x1 in a template dtype")
     wanted, launch = _node_plan(x.get_device())
     if not wanted:
@@ -377,8 +373,8 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     product = TensorBox(graph.register_buffer(TemplateBuffer.matmul(rows, columns, False, launch)))
     n, _, h, w = (int(s) for s in x_meta.shape)
     c_out = int(w_meta.shape[0])
-    out = TensorBox(ReinterpretView(product.data, Layout(product.device, product.dtype, _integers(n, c_out, h, w),
-                                                         _integers(h * w * c_out, 1, w * c_out, c_out))))
+    out = TensorBox(ReinterpretView(product.data, Layout(product.device, product.dtype, sympy_list((n, c_out, h, w)),
+                                                         sympy_list((h * w * c_out, 1, w * c_out, c_out)))))
     if bias is None:
         return out
     return pointwise(ops.add, out, view(bias, [c_out, 1, 1]))
