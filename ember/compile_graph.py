@@ -252,6 +252,7 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
     with profile.stage("decompose"):
         decomp.pin_factory_devices(gm)
         gm = decomp.decompose(gm, example_inputs)
+        _fake_values_in_one_mode(gm, example_inputs)
     gm.meta[post_grad.GRAPH_KIND] = kind
     if kind == "backward":
         conv_layout.adopt_input_strides(gm, example_inputs)
@@ -284,18 +285,25 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
 
 
 def _placeholder_values(gm, example_inputs):
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    vals = [n.meta.get("val") for n in phs]
-    if any(v is None for v in vals):
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch._guards import detect_fake_mode
-        mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(
-            *[mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
-              else x for x in example_inputs])
-        vals = [n.meta.get("val") for n in phs]
-    return vals
+    _fake_values_in_one_mode(gm, example_inputs)
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _fake_values_in_one_mode(gm, example_inputs) -> None:
+    """Give every node a fake value of one FakeTensorMode, where a placeholder has none or the placeholders'
+    come from several modes (make_fx in real mode fakes each input in a mode of its own): the passes run
+    each op they insert on its inputs' values, which must share a mode."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    modes = {id(v.fake_mode) for v in vals if isinstance(v, FakeTensor)}
+    if all(v is not None for v in vals) and len(modes) <= 1:
+        return
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch._guards import detect_fake_mode
+    mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(
+        *[mode.from_tensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor) else x
+          for x in example_inputs])
 
 
 def _nbytes(lowering):

@@ -31,6 +31,15 @@ def device():
     return os.environ.get("EMBER_TEST_DEVICE", "cpu")
 
 
+@pytest.fixture
+def exact_float32_convolutions():
+    """cuDNN runs float32 convolutions in TF32 by default, rounded differently per algorithm and layout (and
+    ember's 1x1 convolutions then multiply in TF32 too): off, eager's and ember's agree to float32's tolerance."""
+    c = torch.backends.cudnn
+    with c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=False):
+        yield
+
+
 # A test that hangs (seen on a GPU: the suite stalled at 98%) writes every thread's stack to
 # $EMBER_TEST_HANG_DIR/hang_<pid>.log and ends its process after EMBER_TEST_HANG_S seconds, so the log names
 # where it hangs and xdist goes on with a new worker (pytest captures stderr, so a file).

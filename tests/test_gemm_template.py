@@ -15,8 +15,9 @@ from ember.runtime.template_choice import TemplateChoice
 from ember.testing import assert_close, check
 
 DEVICE = os.environ.get("EMBER_TEST_DEVICE", "cpu")
-pytestmark = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("EMBER_CPU_BACKEND") != "triton",
-                                reason="the GEMM template is Triton code: run with EMBER_CPU_BACKEND=triton")
+pytestmark = [pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("EMBER_CPU_BACKEND") != "triton",
+                                 reason="the GEMM template is Triton code: run with EMBER_CPU_BACKEND=triton"),
+              pytest.mark.usefixtures("exact_float32_convolutions")]
 interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="what the CPU backends do")
 
 F = torch.nn.functional
@@ -541,6 +542,29 @@ def test_linear_under_autocast_trains_as_eager():
     with ember.config.patch(gemm_templates="always"):
         check(step, x, grad=True, rtol=2e-2, atol=2e-2)
     assert not any("mm" in op for op in ember.metrics.fallbacks)
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_float32_products_multiply_in_tf32_as_the_eager_op_would(tf32):
+    """A float32 1x1 convolution's template multiplies in TF32 where cuDNN's would (torch.backends.cudnn's
+    allow_tf32, on by default); a float32 matrix product where torch.backends.cuda.matmul's allow_tf32 says."""
+    x, w, a, b = _channels_last(2, 24, 5, 7), _rand(20, 24, 1, 1), _rand(64, 40), _rand(40, 48)
+    c, m = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = m.allow_tf32
+    try:
+        m.allow_tf32 = not tf32
+        with c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=tf32), \
+                ember.config.patch(gemm_templates="always", graph_cache=False, conv_layout="channels_last"):
+            fn = lambda x, w, a, b: (F.conv2d(x, w), a @ b)  # noqa: E731
+            compiled = ember.compile_graph(make_fx(fn)(x, w, a, b), [x, w, a, b])
+            out = compiled([x, w, a, b])
+            expected = fn(x, w, a, b)
+    finally:
+        m.allow_tf32 = saved
+    assert_close(tuple(out), expected, rtol=1e-2, atol=1e-2)      # TF32: 10 bits of mantissa
+    conv, mm = sorted(_only_templates([gen.source for _, gen in compiled.kernels], 2), key=lambda s: "[64, 40]" in s)
+    assert "[70, 24] @ [24, 20]" in conv and "[64, 40] @ [40, 48]" in mm
+    assert ('input_precision="tf32"' in conv) == tf32 and ('input_precision="tf32"' in mm) == (not tf32)
 
 
 def test_a_pointwise_convolution_of_one_pixel_takes_the_row_vector_loop(monkeypatch):

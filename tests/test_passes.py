@@ -604,14 +604,6 @@ def test_a_matmul_bias_feeding_pointwise_ops_is_added_in_their_kernel(device, mo
     assert (aten.mm.default in seen) == (not returned)
 
 
-@pytest.fixture
-def exact_float32_convolutions():
-    """cuDNN runs float32 convolutions in TF32 by default, rounded differently per algorithm and layout."""
-    c = torch.backends.cudnn
-    with c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=False):
-        yield
-
-
 @pytest.mark.parametrize("channels_last", [False, True], ids=["as_traced", "channels_last"])
 @pytest.mark.usefixtures("exact_float32_convolutions")
 def test_a_convolution_bias_is_added_by_the_next_kernel(device, monkeypatch, channels_last):

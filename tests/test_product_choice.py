@@ -314,6 +314,7 @@ def _conv_graph(x, w, b):
     return make_fx(f)(x, w, b)
 
 
+@pytest.mark.usefixtures("exact_float32_convolutions")
 def test_a_pointwise_convolution_states_its_product():
     """A 1x1 convolution of a channels-last input: the product of its [N*H*W, C_in] rows and its weight's
     transpose, the bias a row its epilogue loads; the library call is the convolution itself, which
@@ -338,6 +339,7 @@ def test_a_pointwise_convolution_states_its_product():
 
 
 @needs_triton
+@pytest.mark.usefixtures("exact_float32_convolutions")
 def test_auto_lowers_a_pointwise_convolution_chosen_as_a_template(timed_backend, monkeypatch):
     """A 1x1 convolution timed faster as the template is one kernel with its bias and GELU; one timed
     slower stays the library's convolution."""

@@ -39,6 +39,9 @@ class MatmulProduct(Loops):
     # the dtype the product multiplies: the operands', or what an operand stored in another dtype is cast to
     # on its tile (a prologue: autocast's cast of a float32 weight)
     operand_dtype: Optional[torch.dtype] = None
+    # float32 operands multiply in TF32, as the eager op would (torch.backends.cuda.matmul.allow_tf32 for a
+    # matrix product, torch.backends.cudnn.allow_tf32 for a convolution)
+    tf32: bool = False
 
     def sizes(self) -> tuple:
         """(batch, M, N, K) as ints (batch 1 for mm)."""
@@ -61,14 +64,14 @@ class TemplateBuffer(ComputedBuffer):
 
     @staticmethod
     def matmul(a, b, batched: bool, launch: Optional[dict] = None, dtype: Optional[torch.dtype] = None,
-               operand_dtype: Optional[torch.dtype] = None) -> "TemplateBuffer":
+               operand_dtype: Optional[torch.dtype] = None, tf32: bool = False) -> "TemplateBuffer":
         """a @ b stored in `dtype` (default: the operand dtype), multiplied in `operand_dtype` (default: a's;
-        an operand stored in another dtype is cast to it as its tile is loaded)."""
+        an operand stored in another dtype is cast to it as its tile is loaded), float32 in TF32 where `tf32`."""
         operand_dtype = operand_dtype or a.get_dtype()
         device, dtype = a.get_device(), dtype or operand_dtype
         size = [*(a.get_size()[:1] if batched else []), a.get_size()[-2], b.get_size()[-1]]
         data = MatmulProduct(device, dtype, _product_body(a, b, batched), list(size), a, b, batched, launch,
-                             operand_dtype)
+                             operand_dtype, tf32)
         return TemplateBuffer(None, Layout.contiguous(device, dtype, size), data)
 
     def operands(self) -> list:
@@ -148,6 +151,8 @@ class ProductSpec:
     # "conv1x1": (size, stride) of the convolution's input and weight (a and b are the product they make:
     # the input's [N*H*W, C_in] rows and the weight's transpose)
     conv: Optional[tuple] = None
+    # float32 operands multiply in TF32 (MatmulProduct.tf32)
+    tf32: bool = False
 
     def sizes(self) -> tuple:
         """(batch, M, N, K)."""

@@ -9,8 +9,9 @@ library call with its epilogue in a separate kernel (the backend's `choose_produ
 the one launch config timed fastest); "epilogues" times only the products whose pointwise readers run a
 costly one-operand op (GELU, SiLU, tanh: where the fused epilogue pays most) and the 1x1 convolutions with
 pointwise readers, the others as with "matvec"; "always" wherever the backend has templates (configs timed
-at first call); "never" nowhere. The template covers static sizes, float32 (TF32 as
-torch.backends.cuda.matmul.allow_tf32 says; a row-vector product is exact float32), float16 and bfloat16.
+at first call); "never" nowhere. The template covers static sizes, float32 (TF32 where
+the eager op would use it: torch.backends.cuda.matmul.allow_tf32 for a product, torch.backends.cudnn.allow_tf32
+for a convolution; a row-vector product is exact float32), float16 and bfloat16.
 addmm is the template's product plus a pointwise `beta * bias + alpha * product`, which the scheduler fuses
 into the template's epilogue
 (a 16-bit product is rounded before the bias is added, as ember's unfused addmm on a GPU does:
@@ -169,7 +170,7 @@ def product_spec(n: torch.fx.Node) -> ProductSpec | None:
     if op == "addmm":             # the template adds the bias on its tile
         sketch = ("load_full" if metas[0].numel() == n.meta["val"].numel() else "load_row",) + sketch
     return ProductSpec(op, layout[-2], layout[-1], layout[0] if op == "addmm" else None, a.dtype,
-                       _epilogue_share(n), sketch)
+                       _epilogue_share(n), sketch, tf32=torch.backends.cuda.matmul.allow_tf32)
 
 
 def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
@@ -182,7 +183,8 @@ def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
     sketch = ("load_row",) + _epilogue_sketch(n) if bias is not None else _epilogue_sketch(n)
     bias_layout = None if bias is None else (tuple(bias.shape), tuple(bias.stride()))
     return ProductSpec("conv1x1", rows, columns, bias_layout, x.dtype, _epilogue_share(n), sketch,
-                       ((tuple(x.shape), tuple(x.stride())), (tuple(w.shape), tuple(w.stride()))))
+                       ((tuple(x.shape), tuple(x.stride())), (tuple(w.shape), tuple(w.stride()))),
+                       tf32=torch.backends.cudnn.allow_tf32)
 
 
 def _readers(n: torch.fx.Node) -> list:
@@ -257,8 +259,8 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     graph = state.current_graph()
     if launch is not None and SPLITS in launch:
         return _decomposed_along_k(sa, sb, launch, a.get_dtype())
-    return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch,
-                                                                 operand_dtype=a.get_dtype())))
+    return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch, operand_dtype=a.get_dtype(),
+                                                                 tf32=torch.backends.cuda.matmul.allow_tf32)))
 
 
 def _cast_source(box: TensorBox):
@@ -289,7 +291,7 @@ def _decomposed_along_k(a, b, launch: dict, operand_dtype: torch.dtype) -> Tenso
     metrics.decomposed_products += 1
     va, vb = split_k_views(a, b, launch[SPLITS])
     partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32,
-                                     operand_dtype=operand_dtype)
+                                     operand_dtype=operand_dtype, tf32=torch.backends.cuda.matmul.allow_tf32)
     summed = sum_(TensorBox(state.current_graph().register_buffer(partials)), [0])
     return to_dtype(summed, operand_dtype) if operand_dtype != torch.float32 else summed
 
@@ -370,7 +372,9 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         raise Unsupported("a 1x1 convolution whose input is not stored channels-last")
     rows, columns = _rows_of_channels_last(sx), _weight_columns(sw)
     graph = state.current_graph()
-    product = TensorBox(graph.register_buffer(TemplateBuffer.matmul(rows, columns, False, launch)))
+    # a float32 convolution multiplies in TF32 where cuDNN's would
+    product = TensorBox(graph.register_buffer(TemplateBuffer.matmul(rows, columns, False, launch,
+                                                                    tf32=torch.backends.cudnn.allow_tf32)))
     n, _, h, w = (int(s) for s in x_meta.shape)
     c_out = int(w_meta.shape[0])
     out = TensorBox(ReinterpretView(product.data, Layout(product.device, product.dtype, sympy_list((n, c_out, h, w)),

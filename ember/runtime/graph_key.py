@@ -298,8 +298,8 @@ def environment_parts(gm: torch.fx.GraphModule, example_inputs, settings: str | 
         "ember": ember_source_hash(),
         "versions": _versions(),
         "devices": _devices(_device_types(gm, example_inputs)),
-        # float32 GEMM templates multiply in TF32 or in float32 as this said when they were generated
-        "matmul": f"allow_tf32 {torch.backends.cuda.matmul.allow_tf32}",
+        # float32 GEMM templates multiply in TF32 or in float32 as these said when they were generated
+        "matmul": f"allow_tf32 {torch.backends.cuda.matmul.allow_tf32} cudnn {torch.backends.cudnn.allow_tf32}",
     }
 
 

@@ -136,7 +136,7 @@ class TemplateKernel(TritonKernel):
     def _main_loop(self):
         p = self.product
         self.main = main_loop_lines(p.sizes(), p.batched, p.operand_dtype, self._operand(p.a), self._operand(p.b),
-                                    self.use_int64, self.even_k, self.interpreted)
+                                    self.use_int64, self.even_k, self.interpreted, p.tf32)
         for line in self.main.tile:
             self.emit(line)
         # the product's value as the buffer holds it: a 16-bit product is rounded, as eager's is (a product
@@ -183,11 +183,11 @@ class MainLoop:
 
 
 def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b: tuple, int64: bool,
-                    even_k: bool, interpreted: bool) -> MainLoop:
+                    even_k: bool, interpreted: bool, tf32: bool = False) -> MainLoop:
     """The template's main loop: for each of the program's tiles, the float32 tile `acc` of the product,
     then `xindex` and `xmask` (the tile's flat positions in the row-major product, and which are inside it).
     `a` and `b` are each operand's (pointer name, offset, (batch, row, col) strides[, the Triton type its tile
-    is cast to as it is loaded, or None])."""
+    is cast to as it is loaded, or None]); float32 operands multiply in TF32 where `tf32`."""
     if is_row_vector(sizes, batched):
         return row_loop_lines(sizes, dtype, a, b, int64, even_k)
     batch, M, N, K = sizes
@@ -196,8 +196,7 @@ def main_loop_lines(sizes: tuple, batched: bool, dtype: torch.dtype, a: tuple, b
     idx = ".to(tl.int64)" if int64 else ""
     precision = ""
     if dtype == torch.float32:
-        precision = ", input_precision=\"tf32\"" if torch.backends.cuda.matmul.allow_tf32 else \
-            ", input_precision=\"ieee\""
+        precision = f", input_precision=\"{'tf32' if tf32 else 'ieee'}\""
     setup = [
         f"# {'bmm' if batched else 'mm'}: [{batch}] x [{M}, {K}] @ [{K}, {N}], {dtype}, float32 accumulator",
         f"num_pid_m = {_cdiv_src(M, 'BLOCK_M')}",

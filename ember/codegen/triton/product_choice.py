@@ -84,8 +84,7 @@ def _path(spec: ProductSpec, device: torch.device) -> str:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     # the candidates' kinds (with decompositions along K) are part of the key: a choice made among fewer
     # candidates is timed again
-    key = f"product|decompose_k={config.decompose_k}|{spec}|{name}|{torch.__version__}|{triton.__version__}|" \
-          f"{torch.backends.cuda.matmul.allow_tf32}"
+    key = f"product|decompose_k={config.decompose_k}|{spec}|{name}|{torch.__version__}|{triton.__version__}"
     return os.path.join(cache_dir(), "autotune", hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
@@ -108,7 +107,7 @@ def probe_source(spec: ProductSpec, name: str, interpreted: bool, out_dtype: Opt
     even_k = all(k % cfg["BLOCK_K"] == 0 for cfg in template_configs(spec.sizes(), spec.dtype, interpreted,
                                                                        spec.op == "bmm"))
     main = main_loop_lines(spec.sizes(), spec.op == "bmm", spec.dtype, ("A", 0, _strides(spec.a)),
-                           ("B", 0, _strides(spec.b)), int64, even_k, interpreted)
+                           ("B", 0, _strides(spec.b)), int64, even_k, interpreted, spec.tf32)
     lines = main.tile + ["v = acc"]
     loads = _loads(spec)
     for i, token in enumerate(loads):
