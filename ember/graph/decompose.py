@@ -2,7 +2,8 @@
 
 The table starts from PyTorch's core-ATen decompositions, adds the composite ops ember wants broken up
 (softmax, layer norm ... become reductions and pointwise ops the scheduler fuses), and removes the ops
-ember lowers better itself (var/std by Welford, gelu, silu ...).
+ember lowers better itself (var/std by Welford, gelu, silu ...). ATen's `_foreach_*` ops become one op per
+list element (graph/foreach.py).
 
 Which overloads of the kept ops ember lowers is the lowering layer's to say: lowering/registry.py
 publishes each op it registers here (`publish_lowered`), and ember/compile_graph.py loads every lowering
@@ -19,6 +20,8 @@ import functools
 import torch
 import torch.fx
 from torch._decomp import core_aten_decompositions, get_decompositions
+
+from .foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
@@ -88,6 +91,7 @@ def decomposition_table() -> dict:
                            "them) before asking for it")
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([op for op in _EXTRA if op is not None]))
+    table.update(foreach_decompositions())
     for op in _NEVER:
         for name in op.overloads():
             table.pop(getattr(op, name), None)
