@@ -1,8 +1,11 @@
 """Host-side cost of one call of a compiled graph (Dynamo's frame and guards, AOTAutograd's wrapper, the
 backend's wrapper and its kernel launches), eager vs inductor vs ember in one process: a tiny pointwise
-graph called many times with no synchronization in between, so the host is the bottleneck.
+graph (or, with --graph matmul, a tiny matrix product with a bias: a library call) called many times with
+no synchronization in between, so the host is the bottleneck. --mode compiles both backends in that
+torch.compile mode (reduce-overhead: CUDA graphs' replay).
 
     python -m benchmarks.overhead [--device cuda] [--calls 500] [--rounds 20] [--profile] [--layers]
+                                  [--graph pointwise|matmul] [--mode MODE]
 
 Every variant is compiled once (each from its own copy of the graph's code, so Dynamo keeps them all) and
 the variants are timed in turn, round after round; a variant's figure is its best round (this box's and
@@ -22,7 +25,9 @@ import torch
 
 import ember  # noqa: F401  (registers the backend)
 
-GRAPH = "def graph(x):\n    return (x * 2 + 1).sin()\n"
+GRAPHS = {"pointwise": "def graph(x):\n    return (x * 2 + 1).sin()\n",
+          "matmul": "def graph(x):\n    return x @ x.t() + 1\n"}
+GRAPH = GRAPHS["pointwise"]
 
 
 def fresh_graph():
@@ -62,12 +67,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--layers", action="store_true")
+    ap.add_argument("--graph", choices=sorted(GRAPHS), default="pointwise")
+    ap.add_argument("--mode", default=None, help="torch.compile's mode for inductor and ember")
     a = ap.parse_args()
-    x = torch.randn(1024, device=a.device)
+    global GRAPH
+    GRAPH = GRAPHS[a.graph]
+    x = torch.randn(1024, device=a.device) if a.graph == "pointwise" else torch.randn(32, 32, device=a.device)
     reference = fresh_graph()(x)
     variants = {"eager": fresh_graph()}
     for backend in ("inductor", "ember"):
-        variants[backend] = torch.compile(fresh_graph(), backend=backend)
+        variants[backend] = torch.compile(fresh_graph(), backend=backend, mode=a.mode)
     if a.layers:
         variants.update(layers(x))
     for name, f in variants.items():
