@@ -1,4 +1,6 @@
-"""cat, stack and constant_pad_nd as Pointwise computations, so producers and consumers fuse with them.
+"""cat, stack, constant_pad_nd, slice_scatter and select_scatter as Pointwise computations, so producers and
+consumers fuse with them (the two scatters are what the backward of slicing and indexing a tensor produces:
+a rotary embedding's halves, in every attention layer's backward).
 
 Each output element loads from the input that covers it. A load must stay in bounds even where its value
 is not selected, so the index into each input is clamped and goes through `ops.indirect_indexing`; the
@@ -127,3 +129,68 @@ def constant_pad_nd(x, pad, value=0):
             return v
         return ops.where(inside, v, scalar_value(value, dtype))
     return TensorBox.pointwise(x.device, dtype, inner_fn, size)
+
+
+def _slice_bounds(length, start, end, step) -> tuple:
+    """(start, end) of a slice along a dim of `length`, as ATen normalizes them (negative from the end,
+    clamped into [0, length], end at least start); Unsupported where a symbolic length leaves it open."""
+    if not all(isinstance(v, int) for v in (start, end, step) if v is not None) or step < 1:
+        raise Unsupported("slice_scatter with symbolic bounds or a non-positive step")
+    bounds = []
+    for v in (0 if start is None else start, length if end is None else end):
+        v = sympify(v + length if isinstance(v, int) and v < 0 else v)
+        if (v - length).is_nonnegative or v >= 2 ** 62:     # past any size (a slice's `end` of INT64_MAX)
+            v = sympify(length)
+        elif not (v - length).is_negative:
+            raise Unsupported("slice_scatter bounds against a symbolic size")
+        bounds.append(sympy.Max(v, 0) if v.is_negative is not False else v)
+    start, end = bounds
+    return start, (end if (end - start).is_nonnegative else start)
+
+
+@lower(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    """x with src written over x[start:end:step] along dim."""
+    dim = dim + x.dim() if dim < 0 else dim
+    start, end = _slice_bounds(x.get_size()[dim], start, end, step)
+    count = src.get_size()[dim]
+    if sympify(count) == 0:
+        return TensorBox.pointwise(x.device, x.dtype, x.make_loader(), x.get_size())
+    if src.device != x.device:
+        raise Unsupported("slice_scatter across devices")
+    load_x, load_src, dtype = x.make_loader(), src.make_loader(), x.dtype
+
+    def inner_fn(idx):
+        i = idx[dim]
+        here = list(idx)
+        offset = ops.maximum(ops.index_expr(i - start, torch.int64), ops.constant(0, torch.int64))
+        if step != 1:
+            offset = ops.floordiv(offset, ops.constant(step, torch.int64))
+        here[dim] = ops.indirect_indexing(ops.minimum(offset, ops.index_expr(sympify(count - 1), torch.int64)),
+                                          count)
+        inside = _in_range(i, start, end)
+        if step != 1:
+            on_step = ops.eq(ops.remainder(ops.index_expr(i - start, torch.int64), ops.constant(step, torch.int64)),
+                             ops.constant(0, torch.int64))
+            inside = ops.logical_and(inside, on_step)
+        return ops.where(inside, cast(load_src(here), src.dtype, dtype), load_x(idx))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, x.get_size())
+
+
+@lower(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    """x with src (x's shape without dim) written over x.select(dim, index)."""
+    dim = dim + x.dim() if dim < 0 else dim
+    if not isinstance(index, int):
+        raise Unsupported("select_scatter at a symbolic index")
+    length = x.get_size()[dim]
+    position = sympify(index + length if index < 0 else index)
+    if src.device != x.device:
+        raise Unsupported("select_scatter across devices")
+    load_x, load_src, dtype = x.make_loader(), src.make_loader(), x.dtype
+
+    def inner_fn(idx):
+        chosen = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(position, torch.int64))
+        value = cast(load_src([*idx[:dim], *idx[dim + 1:]]), src.dtype, dtype)
+        return ops.where(chosen, value, load_x(idx))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, x.get_size())

@@ -1,4 +1,5 @@
-"""cat / stack / constant_pad_nd lowered as pointwise kernels (fused with producers and consumers)."""
+"""cat / stack / constant_pad_nd / slice_scatter / select_scatter lowered as pointwise kernels (fused with
+producers and consumers)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,36 @@ def test_rotate_half(device):
     check(lambda a: torch.cat([-a[..., 4:], a[..., :4]], -1) * a, x)
     assert ember.metrics.generated_kernel_count == 1      # the cat fuses with the slices and the product
     check(lambda a: torch.cat([-a[..., 4:], a[..., :4]], -1) * a, x, grad=True)
+
+
+def test_rotate_half_backward_has_no_scatter_call(device):
+    """The backward of a rotary embedding's halves (slice_scatter into zeros, twice, then added) is pointwise:
+    no ATen call, one kernel with the products around it."""
+    x = torch.randn(2, 3, 8, device=device)
+    check(lambda a: torch.cat([-a[..., 4:], a[..., :4]], -1) * a, x, grad=True)
+    _no_fallbacks()
+
+
+@pytest.mark.parametrize("dim,start,end,step", [(2, 2, None, 1), (2, 0, 3, 1), (1, 2, 9, 3), (1, -4, None, 1),
+                                                (1, -3, -1, 1), (1, 5, 100, 2), (0, 1, 3, 1), (1, 4, 4, 1)])
+def test_slice_scatter(device, dim, start, end, step):
+    """src written over x[start:end:step] along dim (negative bounds, bounds past the size, steps, an empty
+    slice), fused with what computes x and src and with the reader."""
+    x = torch.randn(4, 10, 6, device=device)
+    where = [slice(None)] * 3
+    where[dim] = slice(start, end, step)
+    src = torch.randn_like(x[tuple(where)])
+    check(lambda x, src: torch.slice_scatter(x * 2, src.sin(), dim, start, end, step) + 1, x, src)
+    _no_fallbacks()
+    assert ember.metrics.generated_kernel_count == 1
+
+
+@pytest.mark.parametrize("dim,index", [(0, 1), (1, -1), (2, 3)])
+def test_select_scatter(device, dim, index):
+    x = torch.randn(4, 10, 6, device=device)
+    src = torch.randn_like(x.select(dim, index))
+    check(lambda x, src: torch.select_scatter(x, src * 3, dim, index).cos(), x, src, grad=True)
+    _no_fallbacks()
 
 
 def test_stack(device):
