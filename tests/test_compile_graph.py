@@ -121,6 +121,26 @@ def test_graph_without_metadata_from_make_fx():
     assert ember.metrics.eager_fallbacks == 0
 
 
+def test_a_make_fx_graph_reaches_the_passes_with_one_fake_mode():
+    """make_fx in real mode fakes each input in a mode of its own; the passes, which run each op they insert on
+    its inputs' values, see every value in one mode (else: "Mixing fake modes NYI", as a convolution's bias
+    split found on CUDA)."""
+    seen = []
+
+    def combine(gm):
+        a, b = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        with a.fake_mode:
+            seen.append(torch.ops.aten.add.Tensor(a, b).shape)
+
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    gm = make_fx(lambda x, y: (x * y).relu())(x, y)
+    assert len({id(n.meta["val"].fake_mode) for n in gm.graph.nodes if n.op == "placeholder"}) == 2
+    with ember.config.patch(post_grad_passes=[combine]):
+        compiled = ember.compile_graph(gm, [x, y])
+    assert seen == [torch.Size([4, 5])]
+    assert_close(tuple(compiled([x, y])), ((x * y).relu(),))
+
+
 def test_graph_without_metadata_from_symbolic_trace():
     aten = torch.ops.aten
 
