@@ -14,7 +14,7 @@ import torch
 
 from ..ir.nodes import TensorBox
 from ..ir.ops import ops
-from ..ir.symbolic import sympify
+from ..ir.symbolic import guard_le, sympify
 from .pointwise import cast, promote, scalar_value
 from .registry import Unsupported, lower
 from .views import unsqueeze
@@ -131,21 +131,36 @@ def constant_pad_nd(x, pad, value=0):
     return TensorBox.pointwise(x.device, dtype, inner_fn, size)
 
 
+def _le(a, b) -> bool:
+    """a <= b for every size the graph runs with (by a guard where the example sizes decide it); Unsupported
+    where neither that nor its opposite can be promised."""
+    d = sympify(a - b)
+    if d.is_Integer:
+        return int(d) <= 0
+    if guard_le(d, 0):
+        return True
+    if guard_le(-d, -1):
+        return False
+    raise Unsupported("slice_scatter bounds against a symbolic size")
+
+
 def _slice_bounds(length, start, end, step) -> tuple:
-    """(start, end) of a slice along a dim of `length`, as ATen normalizes them (negative from the end,
-    clamped into [0, length], end at least start); Unsupported where a symbolic length leaves it open."""
-    if not all(isinstance(v, int) for v in (start, end, step) if v is not None) or step < 1:
-        raise Unsupported("slice_scatter with symbolic bounds or a non-positive step")
-    bounds = []
-    for v in (0 if start is None else start, length if end is None else end):
-        v = sympify(v + length if isinstance(v, int) and v < 0 else v)
-        if (v - length).is_nonnegative or v >= 2 ** 62:     # past any size (a slice's `end` of INT64_MAX)
-            v = sympify(length)
-        elif not (v - length).is_negative:
-            raise Unsupported("slice_scatter bounds against a symbolic size")
-        bounds.append(sympy.Max(v, 0) if v.is_negative is not False else v)
-    start, end = bounds
-    return start, (end if (end - start).is_nonnegative else start)
+    """(start, end) of a slice along a dim of `length`, as ATen normalizes them: negative from the end,
+    clamped into [0, length], end at least start. A bound may be symbolic (an int Dynamo made dynamic)."""
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported("slice_scatter with a symbolic or non-positive step")
+
+    def clamped(v):
+        if v is None or (isinstance(v, int) and v >= 2 ** 62):     # past any size: `end` of INT64_MAX
+            return sympify(length)
+        v = sympify(v)
+        if not _le(0, v):
+            v = v + length
+        if _le(v, 0):
+            return sympify(0)
+        return sympify(length) if _le(length, v) else v
+    start, end = clamped(0 if start is None else start), clamped(end)
+    return start, (start if _le(end, start) else end)
 
 
 @lower(aten.slice_scatter.default)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.testing import check
+from ember.testing import assert_close, check, fresh_compile
 
 
 def _no_fallbacks():
@@ -51,6 +51,19 @@ def test_slice_scatter(device, dim, start, end, step):
     check(lambda x, src: torch.slice_scatter(x * 2, src.sin(), dim, start, end, step) + 1, x, src)
     _no_fallbacks()
     assert ember.metrics.generated_kernel_count == 1
+
+
+@pytest.mark.parametrize("start,end", [(2, None), (-3, None), (1, -2)])
+def test_slice_scatter_of_a_dynamic_size(device, start, end):
+    """Along a symbolic size, bounds are normalized under guards on the example size: two sizes, one graph,
+    no ATen call."""
+    f = fresh_compile(lambda x, src: torch.slice_scatter(x, src, 1, start, end).exp(), dynamic=True)
+    for n in (10, 13):
+        x = torch.randn(3, n, device=device)
+        src = torch.randn_like(x[:, start:end])
+        assert_close(f(x, src), torch.slice_scatter(x, src, 1, start, end).exp())
+    _no_fallbacks()
+    assert ember.metrics.graphs_compiled == 1
 
 
 @pytest.mark.parametrize("dim,index", [(0, 1), (1, -1), (2, 3)])
