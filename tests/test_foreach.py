@@ -117,7 +117,7 @@ OPTIMIZERS = {
 def test_compiled_foreach_optimizer_step_matches_eager(device, name):
     """Three compiled `opt.step()` calls of a foreach optimizer over parameters of several shapes, each step
     with fresh random gradients: the parameters and the optimizer's state as eager's; every parameter's
-    update is one kernel (AdamW: one per parameter, and one more for its step count)."""
+    update is one kernel (AdamW: one per parameter, and one more for all the step counts)."""
     optimizer, options = OPTIMIZERS[name]
     torch.manual_seed(0)
     shapes = [(64, 33), (64, 33), (33,), (5, 7, 3)]
@@ -143,4 +143,4 @@ def test_compiled_foreach_optimizer_step_matches_eager(device, name):
     _no_foreach_fallback()
     if name.startswith("adamw"):
         # unfused, AdamW runs some fifteen elementwise ops per parameter
-        assert ember.metrics.generated_kernel_count <= 2 * len(shapes) * ember.metrics.graphs_compiled
+        assert ember.metrics.generated_kernel_count <= (len(shapes) + 1) * ember.metrics.graphs_compiled

@@ -53,6 +53,12 @@ class FusedGroup:
 
 # Below this many elements (X * R) a kernel's time is its launch: siblings of this size fuse for launches saved.
 SIBLING_MAX_ELEMENTS = 1 << 16
+# A kernel that nothing in the graph reads after it (a sink: it writes outputs, or into inputs) of at most this
+# many elements, reading storages of at most TINY_READ_BYTES each, fuses with other such sinks of its (X, R),
+# up to TINY_SINKS_PER_KERNEL of them: an optimizer step's per-parameter step counts, one element each.
+TINY_MAX_ELEMENTS = 1024
+TINY_READ_BYTES = 1 << 16
+TINY_SINKS_PER_KERNEL = 64
 
 
 def _small(g: FusedGroup) -> bool:
@@ -295,6 +301,7 @@ class Fusion:
             index(merged)
             push_pairs(merged)
         self.fuse_small_siblings()
+        self.fuse_tiny_sinks()
         return self.ordered()
 
     def fuse_small_siblings(self) -> None:
@@ -311,6 +318,29 @@ class Fusion:
             for k in kids[1:]:
                 if self.can_fuse(kids[0], k) is not None:
                     kids[0] = self._merge(kids[0], k)
+
+    def fuse_tiny_sinks(self) -> None:
+        """Tiny kernels that no other group waits for and that read only tiny storages share a kernel with
+        others of their (X, R), though they share no bytes: one launch for many (a compiled optimizer step
+        adds one to each parameter's step count). No group waits for a sink, so merging two delays nothing
+        else, and the storages it keeps alive longer are tiny."""
+        if not config.horizontal_fusion:
+            return
+        open_kernels: dict = {}        # (X, R) -> the merged sink being filled
+        for g in sorted((g for g in self.groups if g.alive), key=lambda g: g.min_order):
+            if not (g.alive and g.is_kernel() and not self.users[g] and self._tiny(g)):
+                continue
+            key = tuple(g.group)
+            into = open_kernels.get(key)
+            if into is not None and into.alive and len(into.nodes) < TINY_SINKS_PER_KERNEL and \
+                    self.can_fuse(into, g) is not None:
+                open_kernels[key] = self._merge(into, g)
+            else:
+                open_kernels[key] = g
+
+    def _tiny(self, g: FusedGroup) -> bool:
+        return hint(g.group[0]) * hint(g.group[1]) <= TINY_MAX_ELEMENTS and \
+            all(self.nbytes(s) <= TINY_READ_BYTES for s in g.reads)
 
     def ordered(self) -> list[FusedGroup]:
         """Live groups in a topological order (by each group's first node where free to choose)."""

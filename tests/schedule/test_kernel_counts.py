@@ -100,3 +100,23 @@ def test_groups_of_one_structure_share_a_kernel_and_other_structures_do_not(devi
     assert ember.metrics.generated_kernel_count == 3                         # launched
     assert len(set(re.findall(r"\b(kernel\d+)(?:_site\d+)?\b", compiled.source))) == 2, compiled.source   # defined
     torch.testing.assert_close(compiled(list(args))[0], f(*args))
+
+
+def test_tiny_sinks_share_one_kernel(device):
+    """In-place updates of many one-element tensors that nothing reads afterwards (an optimizer step's step
+    counts) run in one kernel; a tiny output of a large buffer keeps a kernel of its own, since delaying it
+    would keep the large buffer alive longer."""
+    counts = [torch.randn((), device=device) for _ in range(6)]
+    big = torch.randn(512, 512, device=device)
+
+    def fn(counts, big):
+        for c in counts:
+            c.add_(1.0)
+        return big[0, :3] * 3
+
+    expected_counts = [c.clone() for c in counts]
+    expected = fn(expected_counts, big)
+    out = ember.testing.fresh_compile(fn)(counts, big)
+    ember.testing.assert_close(out, expected)
+    ember.testing.assert_close(counts, expected_counts)
+    assert ember.metrics.generated_kernel_count == 2, ember.metrics.generated_kernel_count
