@@ -3,7 +3,8 @@
 The kernel is an ops handler like the Triton one: each node's `store_body` runs under it with the
 node's index in the kernel's flat `xindex` / `rindex`, and every op appends a typed statement. A
 pointwise kernel is one loop over xindex, split into chunks for threads with a `#pragma omp simd` loop
-inside each; when its flat indices take floors and moduli of xindex (broadcast or permuted inputs,
+inside each, and what no element's index changes (loads at fixed positions, what they compute) computed
+once before it; when its flat indices take floors and moduli of xindex (broadcast or permuted inputs,
 each a gather in a SIMD loop) it runs as rows instead (indexing.choose_rows): xindex becomes (row,
 element), a SIMD loop per row, values of the row alone computed before it. Transposes run as tiles.
 A reduction kernel runs each row on one thread as a sequence of sections: a "loop" over the row, or
@@ -195,6 +196,10 @@ class CppKernel(CppSpelling, SectionedKernel):
         elif not global_ and kind in ("x", "scalar") and not self.xlanes:
             # the same for every element of the row: compute it once, before the loop over r (an
             # x-indexed load never reads what this loop writes, whose stores all depend on r)
+            where = "pre"
+        elif kind == "scalar" and where == "body" and not self.has_rdim and self.rows is None:
+            # the same for every element of a flat kernel (an optimizer's bias corrections from its 0-d step
+            # count, a pow per element otherwise): computed once, before the threads' loop
             where = "pre"
         name = f"tmp{next(self.counter)}"
         if global_ and self.xlanes:
@@ -517,13 +522,16 @@ class CppKernel(CppSpelling, SectionedKernel):
 
     def _pointwise_loop(self) -> list[str]:
         sec = self.sections[0] if self.sections else Section("flat", 0)
-        lines = [self._parallel(f"xnumel >= {PARALLEL_MIN_WORK}"),
+        # values of no element (loads at fixed positions and what they compute) come first, once: an empty
+        # kernel returns before reading them
+        hoisted = ["  if (xnumel <= 0) return ember_err;"] + ["  " + ln for ln in sec.pre] if sec.pre else []
+        lines = hoisted + [self._parallel(f"xnumel >= {PARALLEL_MIN_WORK}"),
                  f"  for (int64_t x0 = 0; x0 < xnumel; x0 += {XCHUNK}) {{",
                  f"    const int64_t xn = ember::imin({XCHUNK}, xnumel - x0);",
                  f"    {self._simd}",
                  "    for (int64_t xl = 0; xl < xn; ++xl) {",
                  "      const int64_t xindex = x0 + xl;"]
-        lines += ["      " + ln for ln in sec.pre + sec.body + sec.post]
+        lines += ["      " + ln for ln in sec.body + sec.post]
         return lines + ["    }", "  }"]
 
     def _rows_pointwise_loop(self) -> list[str]:

@@ -60,6 +60,19 @@ def test_per_row_values_are_computed_once_per_row():
     assert "exp_" in src and not any("exp_" in ln for ln in simd_lines(src)), src
 
 
+def test_values_of_no_element_are_computed_once_before_the_loop():
+    """A flat kernel's values computed from 0-d inputs alone (an optimizer's bias corrections from its step
+    count) come before the threads' loop, once: no pow in the SIMD loop."""
+    x, step = torch.randn(4099), torch.tensor(3.0)
+
+    def fn(a, t):
+        return a / (1 - torch.pow(0.999, t + 1)).sqrt() + torch.pow(0.9, t)
+    check(fn, x, step)
+    src = sources(fn, x, step)
+    assert "std::pow" in src and not any("pow" in ln or "sqrt" in ln for ln in simd_lines(src)), src
+    check(fn, x[:0], step)                 # an empty kernel reads nothing
+
+
 @pytest.mark.parametrize("shape", [(2, 16, 96), (3, 5, 48)])
 def test_attention_head_split_and_merge(shape):
     B, T, D3 = shape
