@@ -10,6 +10,9 @@ Each decomposition is built from the foreach op's schema: a `Tensor[]` or `Scala
 element to the i-th call, any other argument (a Scalar, one shared Tensor) goes to every call. The element op
 is ATen's op of the same name, resolved by the packet from the arguments' types (`pow.ScalarAndTensor` calls
 `pow.Scalar`, `clamp_min.List` calls `clamp_min.Tensor`), but for the few below whose element op differs.
+
+The reductions (`_foreach_norm`, gradient clipping's; `_foreach_max`) stay ATen calls: ATen reduces every
+tensor of the list in one multi-tensor launch, where one op per element is a kernel per tensor.
 """
 from __future__ import annotations
 
@@ -33,16 +36,13 @@ def _addc(op):
     return element
 
 
-def _norm(x, ord=2, dtype=None):
-    return aten.linalg_vector_norm(x, ord, dtype=dtype)
-
+# reductions over each tensor: one multi-tensor ATen launch beats a kernel per tensor
+KEPT = frozenset({"norm", "max", "powsum"})
 
 # element ops that are not ATen's op of the foreach op's name
 _ELEMENT = {
     "maximum": lambda x, other: aten.maximum(x, other) if isinstance(other, torch.Tensor) else aten.clamp_min(x, other),
     "minimum": lambda x, other: aten.minimum(x, other) if isinstance(other, torch.Tensor) else aten.clamp_max(x, other),
-    "max": lambda x: aten.max(x),
-    "norm": _norm,
     "zero": lambda x: aten.zeros_like(x),
     "addcmul": _addc(aten.addcmul),
     "addcdiv": _addc(aten.addcdiv),
@@ -83,9 +83,9 @@ def foreach_decompositions() -> dict:
                 schema.overload_name.endswith("out") or any(a.is_out for a in schema.arguments):
             continue
         base = name[len(PREFIX):]
-        element = _ELEMENT.get(base) or getattr(aten, base, None)
+        element = None if base in KEPT else _ELEMENT.get(base) or getattr(aten, base, None)
         if element is None:
-            continue           # no element op (powsum): the foreach op stays an ATen call
+            continue           # a reduction, or no element op: the foreach op stays an ATen call
         op = getattr(getattr(aten, name), schema.overload_name or "default")
         table[op] = _decomposition(op, base, element)
     return table
