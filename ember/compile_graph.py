@@ -263,7 +263,7 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
     lowering = GraphLowering(gm)
     with state.bind(state.graph, lowering):   # size hints and buffer lookups, for every stage below
         with profile.stage("lowering"):
-            lowering.run(*_placeholder_values(gm, example_inputs))
+            lowering.run(*[n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
         dump.write("ir_pre_fusion.txt", lambda: describe_buffers(lowering.buffers))
 
         with profile.stage("scheduling/fusion"):
@@ -282,11 +282,6 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
         if report is not None:
             collect_graph(report, gm, lowering, groups, program)
     return gm, program, builder
-
-
-def _placeholder_values(gm, example_inputs):
-    _fake_values_in_one_mode(gm, example_inputs)
-    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _fake_values_in_one_mode(gm, example_inputs) -> None:

@@ -24,10 +24,13 @@ aten = torch.ops.aten
 MAX_POINTWISE_CAT_INPUTS = 8
 
 
-def _clamped_index(i, lo, size):
-    """Index i - lo clamped into [0, size): an in-bounds position even where i is outside that input."""
+def _clamped_index(i, lo, size, step: int = 1):
+    """Index (i - lo) // step clamped into [0, size): an in-bounds position even where i is outside that
+    input."""
     v = ops.index_expr(i - lo, torch.int64)
     v = ops.maximum(v, ops.constant(0, torch.int64))
+    if step != 1:
+        v = ops.floordiv(v, ops.constant(step, torch.int64))
     v = ops.minimum(v, ops.index_expr(size - 1, torch.int64) if not sympify(size - 1).is_Integer
                     else ops.constant(int(size - 1), torch.int64))
     return ops.indirect_indexing(v, size)
@@ -178,11 +181,7 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     def inner_fn(idx):
         i = idx[dim]
         here = list(idx)
-        offset = ops.maximum(ops.index_expr(i - start, torch.int64), ops.constant(0, torch.int64))
-        if step != 1:
-            offset = ops.floordiv(offset, ops.constant(step, torch.int64))
-        here[dim] = ops.indirect_indexing(ops.minimum(offset, ops.index_expr(sympify(count - 1), torch.int64)),
-                                          count)
+        here[dim] = _clamped_index(i, start, count, step)
         inside = _in_range(i, start, end)
         if step != 1:
             on_step = ops.eq(ops.remainder(ops.index_expr(i - start, torch.int64), ops.constant(step, torch.int64)),

@@ -170,7 +170,7 @@ def product_spec(n: torch.fx.Node) -> ProductSpec | None:
     if op == "addmm":             # the template adds the bias on its tile
         sketch = ("load_full" if metas[0].numel() == n.meta["val"].numel() else "load_row",) + sketch
     return ProductSpec(op, layout[-2], layout[-1], layout[0] if op == "addmm" else None, a.dtype,
-                       _epilogue_share(n), sketch, tf32=torch.backends.cuda.matmul.allow_tf32)
+                       _epilogue_share(n), sketch, tf32=_tf32())
 
 
 def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
@@ -184,7 +184,7 @@ def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
     bias_layout = None if bias is None else (tuple(bias.shape), tuple(bias.stride()))
     return ProductSpec("conv1x1", rows, columns, bias_layout, x.dtype, _epilogue_share(n), sketch,
                        ((tuple(x.shape), tuple(x.stride())), (tuple(w.shape), tuple(w.stride()))),
-                       tf32=torch.backends.cudnn.allow_tf32)
+                       tf32=_tf32(convolution=True))
 
 
 def _readers(n: torch.fx.Node) -> list:
@@ -237,6 +237,12 @@ def _view_base(a: torch.fx.Node) -> torch.fx.Node:
     return a
 
 
+def _tf32(convolution: bool = False) -> bool:
+    """Whether float32 operands multiply in TF32, as the eager op would: cuDNN's setting for a convolution,
+    cuBLAS's for a matrix product."""
+    return torch.backends.cudnn.allow_tf32 if convolution else torch.backends.cuda.matmul.allow_tf32
+
+
 def _static_layout(x) -> bool:
     l = x.layout
     return all(isinstance(v, (int, sympy.Integer)) for v in (*l.size, *l.stride, l.offset))
@@ -260,7 +266,7 @@ def _product(a: TensorBox, b: TensorBox, batched: bool) -> TensorBox:
     if launch is not None and SPLITS in launch:
         return _decomposed_along_k(sa, sb, launch, a.get_dtype())
     return TensorBox(graph.register_buffer(TemplateBuffer.matmul(sa, sb, batched, launch, operand_dtype=a.get_dtype(),
-                                                                 tf32=torch.backends.cuda.matmul.allow_tf32)))
+                                                                 tf32=_tf32())))
 
 
 def _cast_source(box: TensorBox):
@@ -291,7 +297,7 @@ def _decomposed_along_k(a, b, launch: dict, operand_dtype: torch.dtype) -> Tenso
     metrics.decomposed_products += 1
     va, vb = split_k_views(a, b, launch[SPLITS])
     partials = TemplateBuffer.matmul(va, vb, True, config_of_batch, dtype=torch.float32,
-                                     operand_dtype=operand_dtype, tf32=torch.backends.cuda.matmul.allow_tf32)
+                                     operand_dtype=operand_dtype, tf32=_tf32())
     summed = sum_(TensorBox(state.current_graph().register_buffer(partials)), [0])
     return to_dtype(summed, operand_dtype) if operand_dtype != torch.float32 else summed
 
@@ -372,9 +378,8 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         raise Unsupported("a 1x1 convolution whose input is not stored channels-last")
     rows, columns = _rows_of_channels_last(sx), _weight_columns(sw)
     graph = state.current_graph()
-    # a float32 convolution multiplies in TF32 where cuDNN's would
     product = TensorBox(graph.register_buffer(TemplateBuffer.matmul(rows, columns, False, launch,
-                                                                    tf32=torch.backends.cudnn.allow_tf32)))
+                                                                    tf32=_tf32(convolution=True))))
     n, _, h, w = (int(s) for s in x_meta.shape)
     c_out = int(w_meta.shape[0])
     out = TensorBox(ReinterpretView(product.data, Layout(product.device, product.dtype, sympy_list((n, c_out, h, w)),
