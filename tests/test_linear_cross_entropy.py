@@ -379,7 +379,7 @@ def row_kernel(monkeypatch):
     cross_entropy_rows._kernel.cache_clear()
     calls = []
     launch = cross_entropy_rows.loss_and_grad
-    monkeypatch.setattr(cross_entropy_rows, "loss_and_grad", lambda *a: calls.append(a) or launch(*a))
+    monkeypatch.setattr(cross_entropy_rows, "loss_and_grad", lambda *a, **k: calls.append(a) or launch(*a, **k))
     yield calls
     cross_entropy_rows._kernel.cache_clear()       # built for the interpreter: not for a later GPU test
 

@@ -10,9 +10,10 @@ the `[rows, vocab]` logits, their fp32 log-probabilities and their gradient exis
 For each chunk of rows the forward computes the logits (one GEMM in the inputs' dtype), each row's loss from
 its log-probabilities in fp32, and the gradient of the loss w.r.t. the chunk's logits, softmax - (1 - eps)
 onehot - eps / V, written in x's dtype; it spends that gradient at once: dx[chunk] = dlogits @ W,
-dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. Ignored rows
-are zeroed in x's chunk for dW and db and in dx afterwards, and the reduction's scale (1 or 1 / rows kept)
-is applied once at the end, so the chunk's gradient needs no pass of its own for either.
+dW += dlogits^T @ x[chunk] (accumulated in fp32, cast once at the end), db += its column sums. An ignored
+row's loss and logit gradient are 0 as they are computed, so it adds nothing to dx, dW or db, and the
+reduction's scale (1 or 1 / rows kept) is applied once at the end: a chunk costs its three GEMMs (logits, dx,
+dW) and, on CUDA, one kernel; nothing else.
 
 `logits`, when given, are x @ W^T + b as the graph computed them for another reader (a model that returns
 its logits with the loss): a chunk then reads its rows from them instead of multiplying again, and writes
@@ -57,6 +58,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     n, vocab = x.shape[0], weight.shape[0]
     if logits is not None and logits.stride(-1) != 1:
         logits = logits.contiguous()
+    target = target.contiguous()        # the kernels read a row's target at target + row
     eps = label_smoothing
     if logits is not None and (grad_x or grad_weight or grad_bias) and cross_entropy_rows.usable(x):
         return _given_logits_by_columns(x, weight, bias, logits, target, ignore_index, reduction, eps, out_dtype,
@@ -65,36 +67,42 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     w = torch.nn.functional.pad(weight, (0, 0, 0, padded - vocab)) if padded != vocab else weight
     b = torch.nn.functional.pad(bias, (0, padded - vocab)) if bias is not None and padded != vocab else bias
     valid = target != ignore_index
-    safe_target = torch.where(valid, target, 0).unsqueeze(1)
-    keep = valid.to(x.dtype).unsqueeze(1)           # 1 on rows that count, 0 on ignored rows
-    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    in_kernel = cross_entropy_rows.usable(x)
+    if not in_kernel:
+        safe_target = torch.where(valid, target, 0).unsqueeze(1)
+        keep = valid.to(x.dtype).unsqueeze(1)       # 1 on rows that count, 0 on ignored rows
+    losses = torch.empty((n, 1), dtype=torch.float32, device=x.device)     # each row's, 0 where ignored
     dx = torch.empty_like(x) if grad_x else x.new_empty(0)
     dweight = torch.zeros((padded, weight.shape[1]), dtype=torch.float32, device=weight.device) if grad_weight else None
     dbias = torch.zeros(padded, dtype=torch.float32, device=weight.device) if grad_bias else None
     wants_grads = grad_x or grad_weight or grad_bias
     for r in range(0, n, chunk_rows):
-        xc, tc, kc = x[r:r + chunk_rows], safe_target[r:r + chunk_rows], keep[r:r + chunk_rows]
+        xc = x[r:r + chunk_rows]
         # each row's loss, and with gradients wanted dloss/dlogits of each row, unscaled: softmax - (1 - eps)
-        # onehot - eps / V, in x's dtype
+        # onehot - eps / V, in x's dtype; an ignored row's are 0, so it adds nothing to dx, dW or db
         given = None if logits is None else logits[r:r + chunk_rows]
-        if cross_entropy_rows.usable(x) and given is None:      # the gradient written over the chunk's logits
+        if in_kernel and given is None:         # the gradient written over the chunk's logits
             dz = _logits(xc, w, b)
-            rows = cross_entropy_rows.loss_and_grad(dz, tc.view(-1), vocab, eps, wants_grads)
-        elif cross_entropy_rows.usable(x):     # the loss alone: with gradients the op goes by columns
-            rows, dz = cross_entropy_rows.loss_and_grad(given, tc.view(-1), vocab, eps, False), None
+            cross_entropy_rows.loss_and_grad(dz, target[r:r + chunk_rows], vocab, eps, wants_grads,
+                                             ignore_index=ignore_index, loss=losses[r:r + chunk_rows])
+        elif in_kernel:         # the loss alone: with gradients the op goes by columns
+            cross_entropy_rows.loss_and_grad(given, target[r:r + chunk_rows], vocab, eps, False,
+                                             ignore_index=ignore_index, loss=losses[r:r + chunk_rows])
+            dz = None
         else:       # the logits are freed inside once their log-probabilities exist
             chunk = _logits(xc, w, b) if given is None else torch.nn.functional.pad(given, (0, padded - vocab))
-            rows, dz = _chunk_in_aten(chunk, tc, vocab, padded, eps, x.dtype, wants_grads)
-        total += (rows * kc).sum()
+            rows, dz = _chunk_in_aten(chunk, safe_target[r:r + chunk_rows], keep[r:r + chunk_rows], vocab, padded,
+                                      eps, x.dtype, wants_grads)
+            losses[r:r + chunk_rows] = rows
         if not wants_grads:
             continue
-        # ignored rows contribute nothing: their rows of x are zeroed for dW and db, their rows of dx after
         if grad_x:
-            torch.mm(dz, w, out=dx[r:r + chunk_rows]).mul_(kc)
+            torch.mm(dz, w, out=dx[r:r + chunk_rows])
         if grad_weight:
-            _accumulate_product(dweight, dz.t(), xc * kc)
+            _accumulate_product(dweight, dz.t(), xc)
         if grad_bias:
-            dbias += torch.mv(dz.t(), kc.squeeze(1))
+            dbias += dz.sum(0, dtype=torch.float32)
+    total = losses.sum()
     # the reduction's scale, applied once: 1 (sum) or 1 / rows that count (mean)
     scale = 1.0 / valid.sum().to(torch.float32) if reduction == "mean" else None
     if scale is not None:
@@ -116,8 +124,8 @@ def _given_logits_by_columns(x, weight, bias, logits, target, ignore_index, redu
     valid = target != ignore_index
     safe_target = torch.where(valid, target, 0)
     lse = torch.empty(n, dtype=torch.float32, device=x.device)
-    rows = cross_entropy_rows.loss_and_grad(logits, safe_target, vocab, eps, False, None, lse)
-    total = torch.where(valid.unsqueeze(1), rows, 0.0).sum()
+    total = cross_entropy_rows.loss_and_grad(logits, target, vocab, eps, False, None, lse,
+                                             ignore_index=ignore_index).sum()
     row_scale = valid.to(torch.float32)
     if reduction == "mean":
         scale = 1.0 / valid.sum().to(torch.float32)
@@ -156,8 +164,9 @@ def _logits(xc: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> tor
     return torch.mm(xc, w.t()) if b is None else torch.addmm(b, xc, w.t())
 
 
-def _chunk_in_aten(logits, tc, vocab: int, padded: int, eps: float, dtype: torch.dtype, wants_grads: bool):
-    """(each row's loss [rows, 1] in fp32, dloss/dlogits in `dtype` or None) of one chunk, in ATen ops."""
+def _chunk_in_aten(logits, tc, keep, vocab: int, padded: int, eps: float, dtype: torch.dtype, wants_grads: bool):
+    """(each row's loss [rows, 1] in fp32, dloss/dlogits in `dtype` or None) of one chunk, in ATen ops; both
+    0 on the rows that `keep` (1 or 0 per row, in `dtype`) leaves out."""
     if padded != vocab:
         logits[:, vocab:] = float("-inf")   # the padding's columns: no share of the softmax
     log_probs = torch.log_softmax(logits, 1, dtype=torch.float32)
@@ -166,6 +175,7 @@ def _chunk_in_aten(logits, tc, vocab: int, padded: int, eps: float, dtype: torch
     rows = -lp_target
     if eps:
         rows = (1 - eps) * rows - (eps / vocab) * log_probs[:, :vocab].sum(1, keepdim=True)
+    rows = rows * keep
     if not wants_grads:
         return rows, None
     # the target's column is written from fp32 so that it is rounded once
@@ -177,7 +187,7 @@ def _chunk_in_aten(logits, tc, vocab: int, padded: int, eps: float, dtype: torch
         dz.sub_(eps / vocab)
         dz[:, vocab:] = 0
     dz.scatter_(1, tc, (lp_target.exp() - (1 - eps) - eps / vocab).to(dtype))
-    return rows, dz
+    return rows, dz.mul_(keep)
 
 
 def _finish(grad: torch.Tensor, vocab: int, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -34,10 +34,11 @@ def _kernel():
 
     @triton.jit
     def rows_loss_and_grad(logits, logits_stride, grad, grad_stride, target, loss, lse_out, vocab, padded, eps,
-                           WRITE_GRAD: tl.constexpr, WRITE_LSE: tl.constexpr, BLOCK: tl.constexpr):
+                           ignore_index, WRITE_GRAD: tl.constexpr, WRITE_LSE: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         src = logits + row * logits_stride
         t = tl.load(target + row)
+        counted = t != ignore_index
         # tl.full, not tl.zeros: Triton 3.6's interpreter cannot call tl.zeros (a jit function of its stdlib)
         running_max = tl.full((), float("-inf"), tl.float32)
         running_sum = tl.full((), 0.0, tl.float32)
@@ -50,8 +51,8 @@ def _kernel():
             running_max = new_max
             logit_sum += tl.sum(tl.where(cols < vocab, z, 0.0), 0)
         lse = running_max + tl.log(running_sum)
-        z_target = tl.load(src + t).to(tl.float32)
-        tl.store(loss + row, lse - (1.0 - eps) * z_target - eps / vocab * logit_sum)
+        z_target = tl.load(src + t, mask=counted, other=0.0).to(tl.float32)
+        tl.store(loss + row, tl.where(counted, lse - (1.0 - eps) * z_target - eps / vocab * logit_sum, 0.0))
         if WRITE_LSE:
             tl.store(lse_out + row, lse)
         if WRITE_GRAD:
@@ -60,7 +61,7 @@ def _kernel():
                 cols = start + tl.arange(0, BLOCK)
                 z = tl.load(src + cols, mask=cols < vocab, other=0.0).to(tl.float32)
                 g = tl.exp(z - lse) - eps / vocab - tl.where(cols == t, 1.0 - eps, 0.0)
-                g = tl.where(cols < vocab, g, 0.0)
+                g = tl.where((cols < vocab) & counted, g, 0.0)
                 tl.store(dst + cols, g.to(grad.dtype.element_ty), mask=cols < padded)
     return rows_loss_and_grad
 
@@ -87,18 +88,20 @@ def _columns_kernel():
 
 
 def loss_and_grad(logits: torch.Tensor, target: torch.Tensor, vocab: int, eps: float, write_grad: bool,
-                  grad: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Each row's loss (fp32, `[rows, 1]`) of a chunk's logits (rows of unit column stride; columns past
-    `vocab` are padding) against `target` (`[rows]` class indices, none ignored: the op zeroes ignored rows
-    afterwards). With `write_grad` the loss's gradient w.r.t. the logits is written into `grad`
-    (`[rows, padded]`, rows contiguous), by default over the logits themselves; `lse` (`[rows]`, fp32), when
-    given, receives each row's log-sum-exp."""
+                  grad: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None, *,
+                  ignore_index: int, loss: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Each row's loss (fp32, `[rows, 1]`, into `loss` when given) of a chunk's logits (rows of unit column
+    stride; columns past `vocab` are padding) against `target` (`[rows]` class indices); a row whose target
+    is `ignore_index` gets loss 0 and a zero gradient. With `write_grad` the loss's gradient w.r.t. the
+    logits is written into `grad` (`[rows, padded]`, rows contiguous), by default over the logits
+    themselves; `lse` (`[rows]`, fp32), when given, receives each row's log-sum-exp."""
     out = logits if grad is None else grad
     rows, padded = out.shape
-    loss = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
+    if loss is None:
+        loss = torch.empty((rows, 1), dtype=torch.float32, device=logits.device)
     if rows:
         _kernel()[(rows,)](logits, logits.stride(0), out, out.stride(0), target, loss,
-                           loss if lse is None else lse, vocab, padded, float(eps),
+                           loss if lse is None else lse, vocab, padded, float(eps), ignore_index,
                            WRITE_GRAD=write_grad, WRITE_LSE=lse is not None, BLOCK=BLOCK, num_warps=8)
     return loss
 
