@@ -13,7 +13,9 @@ import torch
 
 from .. import metrics, state
 from ..ir.collectives import CollectiveKernel, WaitKernel, issuing_collective
-from ..ir.nodes import ReinterpretView, TensorBox
+from ..ir.nodes import ReinterpretView, TensorBox, loops_of_realized
+from ..graph.passes.inplace_collectives import REINPLACED
+from ..ir.symbolic import statically_known_equal
 from .fallback import extern_call
 from .registry import lower
 
@@ -36,18 +38,38 @@ def group_name(op, args, kwargs):
 
 def _issue(op, in_place: bool, *args, **kwargs):
     group = group_name(op, args, kwargs)
+    g = state.current_graph()
+    written = kwargs.get("out", args[0])
+    if in_place and op.overloadpacket is torch.ops._c10d_functional.all_reduce_:
+        target, written = _whole_buffer(args[0], g.current_node.meta.get(REINPLACED, False))
+        args = (target,) + tuple(args[1:])
 
     def build(name, layout, op_, ir_args, ir_kwargs, mutated):
         # an in-place collective's result is the buffer it writes (returned below): it binds nothing
         return CollectiveKernel(name, None if in_place else layout, op_, ir_args, ir_kwargs, group, mutated)
 
     metrics.collectives[str(op)] += 1
-    g = state.current_graph()
     out = extern_call(op, args, kwargs, g.current_node, build)
-    if not in_place:
-        return out
-    written = kwargs.get("out", args[0])
-    return written
+    return written if in_place else out
+
+
+def _whole_buffer(x: TensorBox, reinplaced: bool) -> tuple[TensorBox, TensorBox]:
+    """(the stored buffer an elementwise in-place collective (all_reduce_) of x writes, the value that holds
+    its result): x stored, where x is a computation; x's buffer, where x is a contiguous view of all of it (a
+    product's output viewed to another shape: reducing the buffer reduces the view); else, for a functional
+    all_reduce made in-place (graph/passes/inplace_collectives.py), a copy of x."""
+    data = x.realize()
+    if not isinstance(data, ReinterpretView):
+        return x, x
+    base = data.data
+    if data.layout.is_contiguous() and data.layout.offset == 0 and base.layout.is_contiguous() and \
+            base.layout.offset == 0 and statically_known_equal(data.layout.numel(), base.layout.numel()):
+        return TensorBox(base), x
+    if not reinplaced:
+        raise NotImplementedError(f"all_reduce_ of a part of {base.get_name()}")
+    copy = TensorBox(loops_of_realized(data))
+    copy.realize()
+    return copy, copy
 
 
 def _wait(x):

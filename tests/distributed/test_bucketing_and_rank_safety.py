@@ -14,9 +14,11 @@ def test_bucketed_collectives_compute_eagers_values(results):
     for r in results["bucketed"]:
         assert "error" not in r, r["error"]
         assert r["diff"] < 1e-5 and r["eager_fallbacks"] == 0, r
-        # all_reduce (sum) x3, all_gather x2, reduce_scatter x2 bucketed: the max and the dependent all_reduce not
+        # all_reduce (sum) x3, all_gather x2, reduce_scatter x2 bucketed: the max and the dependent all_reduce
+        # not; each all-reduce's input (the bucket's concatenation among them) dies with it: reduced in place
         assert r["collectives_bucketed"] == 7, r
-        assert r["collectives"]["_c10d_functional.all_reduce.default"] == 3, r["collectives"]
+        assert r["collectives"]["_c10d_functional.all_reduce_.default"] == 3, r["collectives"]
+        assert "_c10d_functional.all_reduce.default" not in r["collectives"], r["collectives"]
         assert r["collectives"]["_c10d_functional.all_gather_into_tensor.default"] == 1, r["collectives"]
         assert r["collectives"]["_c10d_functional.reduce_scatter_tensor.default"] == 1, r["collectives"]
 

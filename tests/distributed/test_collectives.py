@@ -14,11 +14,14 @@ def test_functional_collectives_in_a_compiled_function(results):
     ranks = results["funcol"]
     check_compiled(ranks)
     for r in ranks:
-        assert r["diff"] < 1e-5, r
+        assert r["diff"] < 1e-5 and r["input_kept"], r
         names = " ".join(r["collectives"])
         for op in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
                    "wait_tensor"):
             assert op in names, r["collectives"]
+        # x * 2 dies with its all-reduce (in place); x @ y.T is read again and y is the caller's
+        assert r["collectives"]["_c10d_functional.all_reduce_.default"] == 1, r["collectives"]
+        assert r["collectives"]["_c10d_functional.all_reduce.default"] == 2, r["collectives"]
 
 
 def test_tensor_parallel_mlp_trains_as_eager(results):

@@ -18,6 +18,7 @@ from ..custom_ops import padded_mm, softmax_stats
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
+from .inplace_collectives import reinplace_all_reduces
 from .common import VIEW_OPS, dead_code_elimination, run_passes
 from .conv_layout import plan_conv_layouts
 
@@ -478,7 +479,7 @@ def _val(x):
 # attention first: it reads the softmax that online_softmax_stats rewrites
 PASSES: list = [fuse_attention_inference, remove_noop_casts, restore_multiply_adds, scatter_into_constant,
                 online_softmax_stats, unfuse_bias_addmm, unfuse_convolution_bias, pad_matmuls, plan_conv_layouts,
-                bucket_collectives,
+                bucket_collectives, reinplace_all_reduces,
                 dead_code_elimination]
 
 
