@@ -261,8 +261,9 @@ def sync(device):
 
 
 def train_steps(model, opt, data, device, autocast, opt_step=None) -> tuple:
-    """Run one AdamW step per batch (`opt_step`: opt.step, or it compiled) -> (losses, detached; each step's seconds, device synced)."""
-    losses, seconds = [], []
+    """Run one AdamW step per batch (`opt_step`: opt.step, or it compiled) -> (losses, detached; each step's
+    seconds, device synced; each step's host seconds, until the step's last call returned)."""
+    losses, seconds, host_seconds = [], [], []
     for tokens, targets in data:
         start = time.perf_counter()
         with autocast():
@@ -270,10 +271,11 @@ def train_steps(model, opt, data, device, autocast, opt_step=None) -> tuple:
         loss.backward()
         (opt_step or opt.step)()
         opt.zero_grad(set_to_none=True)
+        host_seconds.append(time.perf_counter() - start)
         sync(device)
         seconds.append(time.perf_counter() - start)
         losses.append(loss.detach().float())
-    return losses, seconds
+    return losses, seconds, host_seconds
 
 
 def profiled_steps(model, opt, data, device, autocast, path: str, opt_step=None) -> dict:
@@ -317,7 +319,7 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
 
     sync(device)
     dist.barrier()
-    losses, seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
+    losses, seconds, host_seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
     result = {"backend": backend, "parallel": parallel, "compile": args.compile if backend != "eager" else None,
               "compiled_optimizer": opt_step is not None}
 
@@ -328,8 +330,14 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
     dist.all_reduce(mean_losses)
     timed = times.tolist()[args.warmup:] or times.tolist()[-1:]
     median = statistics.median(timed)
+    # the host's share: the slowest rank's median time until a step's last call returned (a step whose
+    # host time is near its step time is bound by the host)
+    host = torch.tensor(statistics.median(host_seconds[args.warmup:] or host_seconds[-1:]), dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(host, op=dist.ReduceOp.MAX)
     result.update(losses=(mean_losses / world).tolist(), step_seconds=times.tolist(), median_step_s=median,
-                  tokens_per_s=args.batch * args.seq * dp_size / median, first_call_s=times[0].item())
+                  tokens_per_s=args.batch * args.seq * dp_size / median, first_call_s=times[0].item(),
+                  median_host_s=host.item())
     if device.type == "cuda":
         peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
@@ -449,7 +457,7 @@ def attach_loss_diffs(results: list) -> None:
 
 
 def table(results: list) -> str:
-    rows = [("backend", "parallel", "tokens/s", "x eager", "step ms", "peak GiB", "first call s",
+    rows = [("backend", "parallel", "tokens/s", "x eager", "step ms", "host ms", "peak GiB", "first call s",
              "max |dloss|", "nccl overlap", "ember graphs / fallbacks")]
     eager = {r["parallel"]: r["tokens_per_s"] for r in results if r["backend"] == "eager" and "error" not in r}
     for r in results:
@@ -464,7 +472,7 @@ def table(results: list) -> str:
                          f" ({'no fallback' if r['ember_no_fallback'] else 'FELL BACK'})")
         rows.append((r["backend"], r["parallel"], f"{r['tokens_per_s']:.0f}",
                      f"{r['tokens_per_s'] / eager[r['parallel']]:.2f}" if r["parallel"] in eager else "-",
-                     f"{1e3 * r['median_step_s']:.1f}",
+                     f"{1e3 * r['median_step_s']:.1f}", f"{1e3 * r['median_host_s']:.1f}",
                      f"{r['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in r else "-", f"{r['first_call_s']:.1f}",
                      "-" if r["max_loss_diff"] is None else f"{r['max_loss_diff']:.2e}",
                      "-" if fraction is None else f"{fraction:.2f}", ember_col))
