@@ -76,28 +76,33 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
     dweight = torch.zeros((padded, weight.shape[1]), dtype=torch.float32, device=weight.device) if grad_weight else None
     dbias = torch.zeros(padded, dtype=torch.float32, device=weight.device) if grad_bias else None
     wants_grads = grad_x or grad_weight or grad_bias
-    for r in range(0, n, chunk_rows):
-        xc = x[r:r + chunk_rows]
+    # every chunk's view of each per-row tensor, made at once (one call per tensor, not one per chunk)
+    chunks = {name: t.split(chunk_rows) for name, t in (("x", x), ("target", target), ("losses", losses),
+                                                        ("dx", dx if grad_x else None), ("logits", logits))
+              if t is not None}
+    if not in_kernel:
+        chunks.update(safe_target=safe_target.split(chunk_rows), keep=keep.split(chunk_rows))
+    for i, xc in enumerate(chunks["x"]):
         # each row's loss, and with gradients wanted dloss/dlogits of each row, unscaled: softmax - (1 - eps)
         # onehot - eps / V, in x's dtype; an ignored row's are 0, so it adds nothing to dx, dW or db
-        given = None if logits is None else logits[r:r + chunk_rows]
+        given = chunks["logits"][i] if logits is not None else None
         if in_kernel and given is None:         # the gradient written over the chunk's logits
             dz = _logits(xc, w, b)
-            cross_entropy_rows.loss_and_grad(dz, target[r:r + chunk_rows], vocab, eps, wants_grads,
-                                             ignore_index=ignore_index, loss=losses[r:r + chunk_rows])
+            cross_entropy_rows.loss_and_grad(dz, chunks["target"][i], vocab, eps, wants_grads,
+                                             ignore_index=ignore_index, loss=chunks["losses"][i])
         elif in_kernel:         # the loss alone: with gradients the op goes by columns
-            cross_entropy_rows.loss_and_grad(given, target[r:r + chunk_rows], vocab, eps, False,
-                                             ignore_index=ignore_index, loss=losses[r:r + chunk_rows])
+            cross_entropy_rows.loss_and_grad(given, chunks["target"][i], vocab, eps, False,
+                                             ignore_index=ignore_index, loss=chunks["losses"][i])
             dz = None
         else:       # the logits are freed inside once their log-probabilities exist
             chunk = _logits(xc, w, b) if given is None else torch.nn.functional.pad(given, (0, padded - vocab))
-            rows, dz = _chunk_in_aten(chunk, safe_target[r:r + chunk_rows], keep[r:r + chunk_rows], vocab, padded,
-                                      eps, x.dtype, wants_grads)
-            losses[r:r + chunk_rows] = rows
+            rows, dz = _chunk_in_aten(chunk, chunks["safe_target"][i], chunks["keep"][i], vocab, padded, eps,
+                                      x.dtype, wants_grads)
+            chunks["losses"][i].copy_(rows)
         if not wants_grads:
             continue
         if grad_x:
-            torch.mm(dz, w, out=dx[r:r + chunk_rows])
+            torch.mm(dz, w, out=chunks["dx"][i])
         if grad_weight:
             _accumulate_product(dweight, dz.t(), xc)
         if grad_bias:
