@@ -39,7 +39,9 @@ EMBER_GRAPH_CACHE=0 and TORCHINDUCTOR_FX_GRAPH_CACHE=0 measure cold compiles.
 `--profile`: after the timed steps, `--profile-steps` more steps of each backend in `--profile-backends`
 run under torch.profiler; the trace goes to DIR/trace_<backend>_<parallel>.json (rank 0;
 ..._rank<R>.json for the others), and the fraction of NCCL kernel time that overlaps compute kernels
-running on other streams is printed and written to the results. DIR/results.json (rank 0) holds the
+running on other streams is printed and written to the results. `--sample-host`: the timed steps after the
+warm-up ones run under benchmarks/host_sampler.py, and each rank's shares of samples per layer (Dynamo,
+AOTAutograd, FSDP, ember...) and per function go to the results as `host_samples`. DIR/results.json (rank 0) holds the
 configuration and every run's numbers, losses and metrics; it is rewritten after each run.
 
 A run that raises (a compile error is raised alike on every rank) is reported as FAILED, with its error in
@@ -72,6 +74,11 @@ import torch.nn.functional as F
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 import ember  # registers the backend; imported before triton
+
+try:
+    from benchmarks.host_sampler import HostSampler
+except ImportError:         # run as a script from benchmarks/
+    from host_sampler import HostSampler
 
 # -- the model -------------------------------------------------------------------------------------------
 
@@ -319,7 +326,13 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
 
     sync(device)
     dist.barrier()
-    losses, seconds, host_seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
+    if args.sample_host:       # the steps after the warm-up ones sampled (benchmarks/host_sampler.py)
+        losses, seconds, host_seconds = train_steps(model, opt, data[:args.warmup], device, autocast, opt_step)
+        with HostSampler() as sampler:
+            more = train_steps(model, opt, data[args.warmup:args.steps], device, autocast, opt_step)
+        losses, seconds, host_seconds = (a + b for a, b in zip((losses, seconds, host_seconds), more))
+    else:
+        losses, seconds, host_seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
     result = {"backend": backend, "parallel": parallel, "compile": args.compile if backend != "eager" else None,
               "compiled_optimizer": opt_step is not None}
 
@@ -350,6 +363,10 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
         result["ember"] = per_rank
         result["ember_no_fallback"] = all(c["eager_fallbacks"] == 0 and c["graphs_compiled"] > 0
                                           and not c["collective_fallbacks"] for c in per_rank)
+    if args.sample_host:
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, sampler.summary())
+        result["host_samples"] = per_rank
     if args.profile and backend in args.profile_backends:
         name = f"trace_{backend}_{parallel}" + (f"_rank{rank}" if rank else "") + ".json"
         overlap = profiled_steps(model, opt, data[args.steps:], device, autocast, os.path.join(args.out, name),
@@ -506,6 +523,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--distinct-batches", type=int, default=4)
+    p.add_argument("--sample-host", action="store_true",
+                   help="sample the main thread's stack over the timed steps: where the host time goes, per rank")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-backends", default="inductor,ember")
     p.add_argument("--profile-steps", type=int, default=3)
