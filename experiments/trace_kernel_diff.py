@@ -2,10 +2,11 @@
 
     python -m experiments.trace_kernel_diff A.json B.json [--top 40] [--labels inductor,ember]
 
-Kernel names are normalized so that the same work matches across compilers: a generated Triton kernel's
-name loses its numeric suffix and its compiler prefix (`triton_red_fused_..._12` -> `red_fused_...`),
-library kernels keep their names (a cuBLAS name carries its tile shape). Each row: A's us and calls, B's us
-and calls, B - A. The totals per kind (gemm, attention, nccl, generated, other) come first.
+Kernel names are normalized: a generated Triton kernel's name loses its numeric suffix and its compiler
+prefix (`triton_red_fused_..._12` -> `red_fused_...`), so inductor's match across graphs and runs; ember's
+are named by their place in their graph (`kernel12`) and are counted as generated kernels; library kernels
+keep their names (a cuBLAS name carries its tile shape). Each row: A's us and calls, B's us and calls,
+B - A. The totals per kind (gemm, attention, nccl, generated, other) come first.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ KINDS = (("nccl", ("nccl",)),
 
 def kind(name: str) -> str:
     low = name.lower()
+    if re.fullmatch(r"kernel\d+", name):       # ember's generated kernels: kernel0, kernel1, ... per graph
+        return "generated"
     return next((k for k, words in KINDS if any(w in low for w in words)), "other")
 
 

@@ -154,3 +154,22 @@ def test_no_file_edits_the_import_path():
                         if needle in fh.read():
                             offenders.append(os.path.relpath(os.path.join(dirpath, f), ROOT))
     assert not offenders, f"{offenders} edit {needle}: run tools as `python -m scripts.NAME` from the root instead"
+
+
+def test_host_sampler_counts_where_a_busy_thread_is():
+    import time
+    from benchmarks.host_sampler import HostSampler, layer_of
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            sum(range(100))
+
+    with HostSampler(interval_s=0.001) as sampler:
+        spin(0.3)
+    summary = sampler.summary()
+    assert summary["samples"] > 20, summary
+    assert dict(summary["functions_inclusive"]).get("tests/test_tools.py:spin", 0) > 0.8, summary
+    assert layer_of("/x/torch/_dynamo/eval_frame.py") == "dynamo"
+    assert layer_of("/cache/ab/ember_wrapper_0123.py") == "ember" and layer_of("/w/ember/runtime/x.py") == "ember"
+    assert layer_of("/tmp/torchinductor_u/ab/cab.py") == "inductor" and layer_of("/w/train.py") == "program"
