@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import dataclasses
+import re
 from typing import Optional
 
 import sympy
@@ -27,6 +28,12 @@ from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Collective
                             ProfiledCall, Return, Reuse, SymbolDef, View, WrapperProgram, device_call_label)
 
 
+# a kernel's name lists the ATen ops it computes, up to this many (kernel3_mean_mul_rsqrt)
+KERNEL_LABEL_OPS = 4
+LABEL_SKIPS = {"view", "unsafe_view", "reshape", "expand", "permute", "squeeze", "unsqueeze", "t", "transpose",
+               "alias", "clone", "copy", "copy_"}
+
+
 class ProgramBuilder:
     def __init__(self, lowering, groups, profile_prefix: Optional[str] = None):
         self.g = lowering
@@ -45,7 +52,8 @@ class ProgramBuilder:
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
         self.call_kernels: dict = {}  # a KernelCall launch's source (under a placeholder name) -> kernel name
         # config.check_nans: where each value comes from, for the checks after each call (None when off)
-        self.origins = ValueOrigins(lowering) if config.check_nans else None
+        self.value_origins = ValueOrigins(lowering)
+        self.origins = self.value_origins if config.check_nans else None
         # config.report: each device call gets a ProfiledCall, its range named "<profile_prefix> #<n> <call>"
         self.profile_prefix = profile_prefix
         self.group_index = 0         # the group being generated
@@ -148,7 +156,7 @@ class ProgramBuilder:
 
     def _kernel(self, group, local):
         backend = backend_for(group.device())
-        name = f"kernel{self.kernel_count}"
+        name = f"kernel{self.kernel_count}{self._label(group)}"
         self.kernel_count += 1
         # a group whose kernel IR matches an earlier group's but for the buffers it touches (the same layer,
         # repeated) launches that group's kernel with its own buffers, instead of generating, compiling,
@@ -240,6 +248,18 @@ class ProgramBuilder:
             self.lines.append(Free([f"view{i}" for i in range(first_view, self.views + 1)]))
         self._bind_output_symbols(buf)
         self._check(buf)
+
+    def _label(self, group) -> str:
+        """`_op_op...`: the ATen ops whose values the kernel computes (up to KERNEL_LABEL_OPS of them), so
+        that a profiler trace or a debug dump says what each kernel is."""
+        ops = []
+        for n in group.nodes:
+            node = self.value_origins.fx_node(n.buf)
+            op = getattr(getattr(node, "target", None), "__name__", None)
+            short = re.sub(r"\W", "", (op or "").split(".")[0]).strip("_")
+            if short and short not in ops and short not in LABEL_SKIPS:
+                ops.append(short)
+        return "".join(f"_{op}" for op in ops[:KERNEL_LABEL_OPS])
 
     def _kernel_call(self, buf: KernelCall):
         """Allocate the results, then define and launch each kernel with the inputs and results."""
