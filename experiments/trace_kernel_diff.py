@@ -3,9 +3,9 @@
     python -m experiments.trace_kernel_diff A.json B.json [--top 40] [--labels inductor,ember]
 
 Kernel names are normalized: a generated Triton kernel's name loses its numeric suffix and its compiler
-prefix (`triton_red_fused_..._12` -> `red_fused_...`), so inductor's match across graphs and runs; ember's
-are named by their place in their graph (`kernel12`) and are counted as generated kernels; library kernels
-keep their names (a cuBLAS name carries its tile shape). Each row: A's us and calls, B's us and calls,
+prefix (`triton_red_fused_..._12` -> `red_fused_...`), and ember's lose their place in their graph
+(`kernel12_mean_mul_rsqrt` -> `kernel:mean_mul_rsqrt`), so that each matches across graphs and runs; library
+kernels keep their names (a cuBLAS name carries its tile shape). Each row: A's us and calls, B's us and calls,
 B - A. The totals per kind (gemm, attention, nccl, generated, other) come first.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ KINDS = (("nccl", ("nccl",)),
 
 def kind(name: str) -> str:
     low = name.lower()
-    if re.fullmatch(r"kernel\d+", name):       # ember's generated kernels: kernel0, kernel1, ... per graph
+    if re.fullmatch(r"kernel\d+(_\w+)?", name):       # ember's generated kernels: kernel3_mean_mul_rsqrt
         return "generated"
     return next((k for k, words in KINDS if any(w in low for w in words)), "other")
 
@@ -30,6 +30,7 @@ def kind(name: str) -> str:
 def normalized(name: str) -> str:
     name = re.sub(r"^(triton_|ember_)", "", name)
     name = re.sub(r"_\d+$", "", name)
+    name = re.sub(r"^kernel\d+(_|$)", "kernel:", name)      # ember's: its place in its graph dropped
     return name[:90]
 
 
