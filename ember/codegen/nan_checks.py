@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from ..graph.passes.common import returns_fresh_memory
 from ..ir.nodes import Buffer, ExternKernel, TensorBox
 from ..lowering.graph_lowering import user_source_line
 from .wrapper.lines import CallExtern, CallKernel, FiniteCheck, Name, device_call_label
@@ -68,7 +69,7 @@ class ValueOrigins:
     def extern_check(self, call: CallExtern, buf: ExternKernel) -> Optional[FiniteCheck]:
         """An extern's result (unless it may alias an argument, which may be a graph input) and the buffers
         of ember's it mutates."""
-        written = [(buf.get_name(), buf, buf)] if _returns_fresh_memory(buf.op) else []
+        written = [(buf.get_name(), buf, buf)] if returns_fresh_memory(buf.op) else []
         for name in buf.mutated:
             target = self.g.get_buffer(name)
             if isinstance(target, Buffer) and self._computed_by_ember(target):
@@ -92,9 +93,3 @@ def _may_hold_nan(buf: Buffer) -> bool:
     layout = buf.layout
     return layout is None or layout.dtype.is_floating_point or layout.dtype.is_complex
 
-
-def _returns_fresh_memory(op) -> bool:
-    """Per the op's schema, none of its results is a view of an argument (`Tensor(a)`). Ops with no schema
-    (higher-order ops) are not known to."""
-    schema = getattr(op, "_schema", None)
-    return schema is not None and all(r.alias_info is None for r in schema.returns)

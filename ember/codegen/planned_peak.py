@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from ..graph.passes.common import only_allocates
 from ..ir.symbolic import hint
 from .wrapper.lines import Allocate, CallExtern, Free, MultiOutputLine, Name, Reuse, View
 
@@ -97,7 +98,7 @@ def _walk(lines: list, nbytes: Callable[[str], int]):
             if ln.release_old:
                 plan.drop(ln.old)
         elif isinstance(ln, CallExtern) and ln.name is not None:
-            if returns_fresh_memory(ln.op):
+            if only_allocates(ln.op):
                 plan.new(ln.name, nbytes(ln.name))
                 fresh_parents.add(ln.name)
             else:   # a view of (or an update to) its arguments: holds what they hold
@@ -145,14 +146,6 @@ def drop_reuses_that_raise_the_peak(lines: list, reuses: list, nbytes: Callable[
             lines[end] = r.reuse
             held[start:end] = [h + size for h in held[start:end]]
 
-
-def returns_fresh_memory(op) -> bool:
-    """An ATen op whose results are new tensors by its schema (no `Tensor(a)` return, nothing mutated)."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return False
-    return (all(r.alias_info is None for r in schema.returns) and
-            not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments))
 
 
 def _live_rows(peak: PlannedPeak, origin: Optional[Callable[[str], str]]) -> list:

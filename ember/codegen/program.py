@@ -20,6 +20,7 @@ from ..ir.symbolic import sympify
 from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from .planned_peak import HeldForReuse, buffer_bytes, drop_reuses_that_raise_the_peak
 from ..device import backend_for
+from ..graph.passes.common import VIEW_OPS
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
@@ -30,8 +31,8 @@ from .wrapper.lines import (Allocate, Assert, CallExtern, CallKernel, Collective
 
 # a kernel's name lists the ATen ops it computes, up to this many (kernel3_mean_mul_rsqrt)
 KERNEL_LABEL_OPS = 4
-LABEL_SKIPS = {"view", "unsafe_view", "reshape", "expand", "permute", "squeeze", "unsqueeze", "t", "transpose",
-               "alias", "clone", "copy", "copy_"}
+# values that only move or view others say nothing of what a kernel computes
+LABEL_SKIPS = VIEW_OPS | {torch.ops.aten.clone.default, torch.ops.aten.copy.default, torch.ops.aten.copy_.default}
 
 
 class ProgramBuilder:
@@ -254,10 +255,11 @@ class ProgramBuilder:
         that a profiler trace or a debug dump says what each kernel is."""
         ops = []
         for n in group.nodes:
-            node = self.value_origins.fx_node(n.buf)
-            op = getattr(getattr(node, "target", None), "__name__", None)
-            short = re.sub(r"\W", "", (op or "").split(".")[0]).strip("_")
-            if short and short not in ops and short not in LABEL_SKIPS:
+            target = getattr(self.value_origins.fx_node(n.buf), "target", None)
+            if target in LABEL_SKIPS:
+                continue
+            short = re.sub(r"\W", "", (getattr(target, "__name__", None) or "").split(".")[0]).strip("_")
+            if short and short not in ops:
                 ops.append(short)
         return "".join(f"_{op}" for op in ops[:KERNEL_LABEL_OPS])
 

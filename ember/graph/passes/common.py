@@ -16,6 +16,19 @@ VIEW_OPS = frozenset({
     aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.alias.default})
 
 
+def returns_fresh_memory(op) -> bool:
+    """Per the op's schema, none of its results is a view of an argument (`Tensor(a)`). Ops with no schema
+    (higher-order ops) are not known to."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
+
+
+def only_allocates(op) -> bool:
+    """Per the op's schema, its results are new tensors and it writes none of its arguments."""
+    return returns_fresh_memory(op) and \
+        not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
 def run_passes(gm: torch.fx.GraphModule, passes: Iterable[Callable], user_passes: Iterable[Callable]) -> torch.fx.GraphModule:
     for p in list(passes) + list(user_passes):
         out = p(gm)

@@ -7,7 +7,7 @@ device and on the host (an FSDP x TP Llama step's all-reduces took about twice t
 ones). Where x's memory belongs to this graph and nothing but the all-reduce reads it, the call becomes
 `all_reduce_(x)`, whose result is x's buffer (lowering/collectives.py).
 
-x qualifies when, following it back through the ops that return a view of their input, every node on the
+x qualifies when, following it back through the ops that return a view of their input (VIEW_OPS), every node on the
 way has that one reader, and the chain starts at an op that returns fresh memory (not a graph input, not
 an alias of one, not a tensor the graph returns or reads again). The decision depends on the graph alone:
 every rank makes the same.
@@ -17,27 +17,9 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-aten = torch.ops.aten
+from .common import VIEW_OPS, only_allocates
 
 REINPLACED = "ember_reinplaced"    # node.meta key: an all_reduce_ this pass made (its lowering may copy)
-
-# ops that return a view of their first input though their schema does not say so
-_UNANNOTATED_VIEWS = {aten._unsafe_view.default, aten.reshape.default, aten.contiguous.default}
-
-
-def _returns_view(target) -> bool:
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return target in _UNANNOTATED_VIEWS or bool(returns and returns[0].alias_info is not None)
-
-
-def _returns_fresh(target) -> bool:
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    schema = target._schema
-    return not schema.is_mutable and target not in _UNANNOTATED_VIEWS and \
-        all(r.alias_info is None for r in schema.returns)
 
 
 def dies_with(x: torch.fx.Node, reader: torch.fx.Node) -> bool:
@@ -46,12 +28,12 @@ def dies_with(x: torch.fx.Node, reader: torch.fx.Node) -> bool:
     while True:
         if node.op != "call_function" or set(node.users) != {user}:
             return False
-        if _returns_view(node.target):
+        if node.target in VIEW_OPS:
             node, user = node.args[0], node
             if not isinstance(node, torch.fx.Node):
                 return False
             continue
-        return _returns_fresh(node.target)
+        return isinstance(node.target, torch._ops.OpOverload) and only_allocates(node.target)
 
 
 def reinplace_all_reduces(gm: torch.fx.GraphModule) -> None:
