@@ -67,6 +67,9 @@ class Config:
     # Fusion switches.
     fuse: bool = True
     horizontal_fusion: bool = True
+    # Independent small pointwise kernels (an optimizer step's per-parameter updates) launch as one combined
+    # kernel where the backend renders them (schedule/combine.py).
+    combine_kernels: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_COMBINE_KERNELS", True))
     # A pointwise value read by several consumers is recomputed by each (inlined) unless its body has
     # more than this many ops; then it is stored once and loaded.
     inline_max_ops: int = 24

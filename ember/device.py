@@ -58,6 +58,9 @@ class KernelBackend:
     # a load of a constant element of a buffer whose `elements_vary` (ir/nodes.py) takes the element's position
     # as a launch argument, not as a literal of the source: kernels that differ only there are one kernel
     element_arguments: bool = False
+    # independent small pointwise kernels launch as one combined kernel (schedule/combine.py), rendered by
+    # `generate_combined`
+    combines_kernels: bool = False
     # how pointwise kernels choose 2-D tiles: a schedule.tiling.TilingPolicy (None: they never tile)
     tiling = None
     # FlexAttention's kernels: a method taking an ir.kernel_call.FlexAttentionSpec and returning (extra input
@@ -87,6 +90,11 @@ class KernelBackend:
     def generate(self, name: str, group, graph, local: set):
         """One fused group -> a codegen.generate.GeneratedKernel (its DefineKernel and CallKernel lines)."""
         raise NotImplementedError
+
+    def generate_combined(self, name: str, parts: list, graph):
+        """[(group, its kernel-local buffers)] -> one GeneratedKernel running every part, or None where a
+        part cannot be one (those groups then get kernels of their own). For backends that combine_kernels."""
+        return None
 
     def load(self, kernels: list) -> dict:
         """This backend's DefineKernel lines of one graph -> {kernel name: launchable}."""

@@ -32,6 +32,8 @@ _COUNTS = {
     "collectives_bucketed": "collectives merged into those buckets",
     "flex_attention_kernels": "FlexAttention forward and backward calls compiled to ember's Triton kernels",
     "short_attention_kernels": "fused attention calls with few queries per key/value head run as ember's kernels",
+    "combined_kernels": "launches of combined kernels: independent small pointwise kernels run as one",
+    "combined_kernel_parts": "the kernels those combined launches run",
 }
 
 graphs_compiled = generated_kernel_count = buffers_allocated = eager_fallbacks = in_place_buffers = 0
@@ -41,6 +43,7 @@ cudagraph_records = cudagraph_replays = cudagraph_output_copies = cudagraph_part
 graph_cache_hits = graph_cache_misses = whole_graph_hits = linear_cross_entropy_rewrites = binaries_loaded = 0
 template_kernels = fused_epilogue_nodes = decomposed_products = collective_buckets = collectives_bucketed = 0
 flex_attention_kernels = short_attention_kernels = deferred_head_logits = 0
+combined_kernels = combined_kernel_parts = 0
 compile_seconds = 0.0                                      # time inside ember's compile of graphs (hits too)
 fallbacks: collections.Counter = collections.Counter()   # ATen op name -> times used as an extern fallback
 collectives: collections.Counter = collections.Counter()  # collective op name -> calls and waits compiled
@@ -49,7 +52,8 @@ compile_stage_seconds: collections.Counter = collections.Counter()   # ... per s
 # What the pipeline (lowering to code generation) counts: a graph cache hit adds what the compile it
 # replaces added.
 PIPELINE_COUNTERS = ("fallbacks", "collectives", "buffers_allocated", "in_place_buffers", "attention_rewrites",
-                     "scatters_in_place", "collective_buckets", "collectives_bucketed")
+                     "scatters_in_place", "collective_buckets", "collectives_bucketed", "combined_kernels",
+                     "combined_kernel_parts")
 
 
 def reset() -> None:

@@ -2,6 +2,7 @@
 ember side by side; first call (s), steady step (ms), and ember's kernels and ATen fallbacks.
 
     python -m experiments.optimizer_step_probe [--device cpu|cuda] [--capturable] [--layers 8] [--dim 128]
+        [--backends eager,inductor,ember]
 
 Each layer holds nine parameters (attention's four projections, the MLP's three, two norms); the embedding,
 the LM head and the final norm come on top: 75 parameters at the defaults.
@@ -41,8 +42,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--backends", default="eager,inductor,ember")
     a = ap.parse_args()
-    for backend in ("eager", "inductor", "ember"):
+    for backend in a.backends.split(","):
         torch.manual_seed(0)
         params = _parameters(a.layers, a.dim, a.device)
         for p in params:

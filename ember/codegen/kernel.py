@@ -175,6 +175,14 @@ class ArgRegistry:
             self.outputs[name] = self._new("out_ptr")
         return self.outputs[name]
 
+    def pointer(self, name: str, read: bool, written: bool) -> str:
+        """The pointer of a buffer whose use is known up front: in_ptr, out_ptr or in_out_ptr."""
+        if not written:
+            return self.input(name)
+        if read and name not in self.outputs:
+            self.outputs[name] = self._new("in_out_ptr")
+        return self.output(name)
+
     def element(self, name: str, position: int) -> str:
         """The parameter holding `position`, for a load of that element of `name` (Buffer.elements_vary)."""
         return self.elements.setdefault((name, position), f"elem{len(self.elements)}")
@@ -187,6 +195,20 @@ class ArgRegistry:
         """(kernel parameter, buffer name) for pointer args, in parameter order."""
         ptrs = list(self.inputs.items()) + list(self.outputs.items())
         return [(p, n) for n, p in ptrs]
+
+
+def shared_pointers(kernels) -> ArgRegistry:
+    """One function's pointers for the buffers of several independent kernels it runs (a buffer one writes,
+    no other reads): each buffer once, in order of first use, read and/or written as any kernel uses it."""
+    use: dict = {}
+    for k in kernels:
+        for param, buf in k.args.call_order():
+            read, written = use.get(buf, (False, False))
+            use[buf] = (read or not param.startswith("out_ptr"), written or "out_ptr" in param)
+    reg = ArgRegistry()
+    for buf, (read, written) in use.items():
+        reg.pointer(buf, read, written)
+    return reg
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -21,6 +21,7 @@ from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from .planned_peak import HeldForReuse, buffer_bytes, drop_reuses_that_raise_the_peak
 from ..device import backend_for
 from ..graph.passes.common import VIEW_OPS
+from ..schedule.combine import CombinedGroup, combinable, combined_units
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
@@ -63,34 +64,107 @@ class ProgramBuilder:
     def build(self) -> WrapperProgram:
         g = self.g
         self._bind_symbols()
-        outputs = self._output_names()
-        local = kernel_local_buffers(self.groups, outputs)
-        last = last_uses(self.groups)
-        last_in: dict = {}            # group index -> the buffers it uses last
-        for s, j in last.items():
-            last_in.setdefault(j, []).append(s)
-        freeable = {b.get_name() for b in g.buffers if not isinstance(b, MutationBuffer)}
-        freeable |= {n for n, b in g.graph_inputs.items() if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
-        for i, group in enumerate(self.groups):
-            self.group_index = i
-            if group.is_kernel():
-                # buffers this wrapper allocated that die in this kernel: their memory may take its outputs
-                self.dying = {s for s in group.reads if last.get(s) == i and s in self.layouts and s not in outputs}
-                self._kernel(group, local[group.id])
+        self.outputs = self._output_names()
+        self.local = kernel_local_buffers(self.groups, self.outputs)
+        self.last = last_uses(self.groups)
+        self.last_in: dict = {}       # group index -> the buffers it uses last
+        for s, j in self.last.items():
+            self.last_in.setdefault(j, []).append(s)
+        self.freeable = {b.get_name() for b in g.buffers if not isinstance(b, MutationBuffer)}
+        self.freeable |= {n for n, b in g.graph_inputs.items()
+                          if isinstance(b, InputBuffer) and not isinstance(b, ConstantBuffer)}
+        for unit in self._units():
+            if len(unit) > 1 and self._combined(unit):
+                self._free(unit)
             else:
-                for n in group.nodes:
-                    self._extern(n.buf)
-            dead = sorted(s for s in last_in.get(i, ()) if s in freeable and s not in outputs
-                          and (s in self.allocated or s in g.graph_inputs))
-            if dead:
-                free = Free(dead)
-                self.lines.append(free)
-                for name in dead:
-                    if name in self.layouts and name not in self.handed_over:
-                        self.pool.setdefault(self.layouts[name], []).append((name, free))
+                for i in unit:
+                    self._group(i)
         self.lines.append(Return([self._output_value(o) for o in g.outputs]))
         drop_reuses_that_raise_the_peak(self.lines, self.reuses, buffer_bytes(g))
         return WrapperProgram(list(g.graph_input_names), self.lines, dict(g.constants))
+
+    def _group(self, i: int):
+        group = self.groups[i]
+        self.group_index = i
+        if group.is_kernel():
+            # buffers this wrapper allocated that die in this kernel: their memory may take its outputs
+            self.dying = {s for s in group.reads if self.last.get(s) == i and s in self.layouts
+                          and s not in self.outputs}
+            self._kernel(group, self.local[group.id])
+        else:
+            for n in group.nodes:
+                self._extern(n.buf)
+        self._free([i])
+
+    def _free(self, unit: list):
+        """Free what the groups of `unit` (indices) use last; the memory of what this wrapper allocated
+        is kept for a later buffer of its layout."""
+        dead = sorted(s for i in unit for s in self.last_in.get(i, ()) if s in self.freeable and s not in self.outputs
+                      and (s in self.allocated or s in self.g.graph_inputs))
+        if dead:
+            free = Free(dead)
+            self.lines.append(free)
+            for name in dead:
+                if name in self.layouts and name not in self.handed_over:
+                    self.pool.setdefault(self.layouts[name], []).append((name, free))
+
+    def _units(self) -> list:
+        """The groups' indices in order, as units: several indices are one combined kernel
+        (schedule/combine.py), one index a group launched as before."""
+        if not config.combine_kernels:
+            return [[i] for i in range(len(self.groups))]
+        keys: dict = {}
+
+        def eligible(group) -> bool:
+            return combinable(group) and backend_for(group.device()).combines_kernels
+
+        def key(group):
+            if group.id not in keys:
+                keys[group.id] = group_structure(group, self.g, self.local[group.id], backend_for(group.device()))
+            s = keys[group.id]
+            return s.key if s is not None else None
+        return combined_units(self.groups, eligible, key)
+
+    def _combined(self, unit: list) -> bool:
+        """The groups of `unit` as one combined kernel; False (nothing emitted) where the backend cannot
+        render one of them as a part."""
+        parts = [self.groups[i] for i in unit]
+        combined = CombinedGroup(parts)
+        backend = backend_for(combined.device())
+        self.group_index = unit[0]
+        name = f"kernel{self.kernel_count}{self._label(combined)}"
+        structures = [group_structure(p, self.g, self.local[p.id], backend) for p in parts]
+        structure = None
+        if all(s is not None for s in structures):
+            buffers = tuple(b for s in structures for b in s.buffers)
+            # which parts' buffers are one buffer is part of the structure: the kernel takes each once
+            order: dict = {}
+            same = tuple(order.setdefault(b, len(order)) for b in buffers)
+            structure = GroupStructure(("combined", tuple(s.key for s in structures), same), buffers)
+        earlier = self.defined.get(structure.key) if structure is not None else None
+        gen = _relaunch(*earlier, structure) if earlier is not None else None
+        if gen is None:
+            gen = backend.generate_combined(name, [(p, self.local[p.id]) for p in parts], self.g)
+            if gen is None:
+                return False
+            if structure is not None:
+                self.defined[structure.key] = (gen, structure)
+            self.lines.append(gen.define)
+        self.kernel_count += 1
+        metrics.combined_kernels += 1
+        metrics.combined_kernel_parts += len(parts)
+        self.kernels.append((combined, gen))
+        for i, part in zip(unit, parts):
+            # parts run at once: an output may take the memory of an input that dies here only if no
+            # other part reads that input
+            others = set().union(*(p.reads | p.writes for p in parts if p is not part))
+            self.dying = {s for s in part.reads if self.last.get(s) in unit and s in self.layouts
+                          and s not in self.outputs and s not in others}
+            for n in part.nodes:
+                if n.name in gen.stored or n.buf.storage_name() in gen.stored:
+                    self._allocate(n.buf, part)
+        self._emit_call(gen, combined)
+        return True
 
     # -- pieces ----------------------------------------------------------------------------------------
 
@@ -174,6 +248,9 @@ class ProgramBuilder:
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)
+        self._emit_call(gen, group)
+
+    def _emit_call(self, gen: GeneratedKernel, group):
         call = gen.call
         if self.origins is not None:
             # a copy: a relaunched kernel's later calls share gen.call's definition, not what it writes

@@ -227,7 +227,9 @@ def test_triton_key_is_hashed_ahead_in_the_workers_and_the_parent(monkeypatch):
     assert source_keys.hash_in_background() is thread          # once per process
     if thread is not None:
         thread.join(60)
-    codecache.triton_key()          # waits for a prefetch where torch has one
+    inductors_key = getattr(codecache, "triton_key", None)       # torch 2.13 has one, 2.11 does not
+    if inductors_key is not None:
+        inductors_key()             # waits for a prefetch where torch has one
     assert key.cache_info().currsize == 1 and key() == key()
 
 

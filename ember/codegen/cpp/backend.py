@@ -13,7 +13,7 @@ import torch
 
 from ...device import KernelBackend
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
-from ..kernel import ArgRegistry
+from ..kernel import shared_pointers
 from ...schedule.fusion import FusedGroup
 from ...schedule.tiling import choose_tiling
 from ..wrapper.lines import CallKernel, DefineKernel, KernelSignature, Name
@@ -62,6 +62,8 @@ class CppBackend(KernelBackend):
     # oneDNN runs NCHW convolutions slower than channels-last ones (`python -m benchmarks.conv_layout`)
     channels_last_convolutions = True
     tiling = CPP_TILING                      # transposes only
+    # independent small kernels run as one C function (one call from the wrapper)
+    combines_kernels = True
 
     def reduction_split_rows(self, strided: bool) -> tuple[int, int]:
         # an OpenMP thread per row (per 64 columns): only rows fewer than the threads are split. Strided
@@ -77,7 +79,7 @@ class CppBackend(KernelBackend):
         tiling, rows, awkward = _plan(group)
         parts = _independent_parts(group, awkward)
         if parts:
-            return self._generate_parts(name, parts, graph, local)
+            return self._generate_parts(name, [(sub, tiling, rows, local) for sub, tiling, rows in parts], graph)
         k = generate_kernel(lambda materialize: CppKernel(name, group, graph, local, materialize, tiling, rows))
         args = kernel_call_args(k)
         source = k.source()
@@ -86,16 +88,19 @@ class CppBackend(KernelBackend):
         define = DefineKernel(name, source, self, signature=kernel_signature(k))
         return GeneratedKernel(define, call, set(k.args.outputs), source)
 
-    def _generate_parts(self, name, parts, graph, local) -> GeneratedKernel:
-        """One C function calling one static function per part, each with its own loop structure."""
+    def generate_combined(self, name, parts, graph) -> GeneratedKernel:
+        """Independent groups (schedule/combine.py) as one C function calling each group's loop nest in
+        turn: one call from the wrapper instead of one per group."""
+        return self._generate_parts(name, [(group, *_plan(group)[:2], local) for group, local in parts], graph)
+
+    def _generate_parts(self, name, parts, graph) -> GeneratedKernel:
+        """One C function calling one static function per part (group, tiling, rows, its kernel-local
+        buffers), each with its own loop structure."""
         kernels = []
-        for i, (sub, tiling, rows) in enumerate(parts):
-            kernels.append(generate_kernel(lambda materialize, sub=sub, tiling=tiling, rows=rows, i=i: CppKernel(
-                f"{name}_part{i}", sub, graph, local, materialize, tiling, rows)))
-        reg = ArgRegistry()
-        for k in kernels:                  # parts are independent: a buffer one writes, no other reads
-            for p, buf in k.args.call_order():
-                reg.input(buf) if p.startswith("in_ptr") else reg.output(buf)
+        for i, (sub, tiling, rows, local) in enumerate(parts):
+            kernels.append(generate_kernel(lambda materialize, sub=sub, tiling=tiling, rows=rows, i=i, local=local:
+                                           CppKernel(f"{name}_part{i}", sub, graph, local, materialize, tiling, rows)))
+        reg = shared_pointers(kernels)
         ptr_of = {buf: p for p, buf in reg.call_order()}
         sizes = list(dict.fromkeys(s for k in kernels for s in k.args.sizes.values()))
         ints, call_ints, lines, calls = [], [], [], []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import types
+from typing import Optional
 
 import sympy
 
@@ -21,6 +22,7 @@ from ..wrapper.lines import CallKernel, DefineKernel, Name
 from ...ir.template import is_template
 from .flex_launch import flex_attention_launches
 from . import short_attention
+from .combined import generate_combined
 from .gemm_template import generate_template
 from .product_choice import choose_products
 from .spelling import module_header
@@ -46,6 +48,8 @@ class TritonBackend(KernelBackend):
     tiling = DEFAULT_TILING
     gemm_templates = True
     element_arguments = True
+    # one launch for many small independent pointwise kernels (codegen/triton/combined.py)
+    combines_kernels = True
 
     def __init__(self, interpret: bool):
         self.interpreted = interpret
@@ -106,6 +110,11 @@ class TritonBackend(KernelBackend):
         if k.tiled:
             grid.append(FloorDiv(k.R + meta["RBLOCK"] - 1, sympy.Integer(meta["RBLOCK"])))
         return GeneratedKernel(define, CallKernel(name, args, grid, meta), stored, source, elements)
+
+    def generate_combined(self, name, parts, graph) -> Optional[GeneratedKernel]:
+        if not self.interpreted:
+            compile_pool.start()
+        return generate_combined(self, name, parts, graph)
 
     def _warm(self, graph, args, configs):
         if not self.precompiles:

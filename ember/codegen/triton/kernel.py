@@ -75,6 +75,8 @@ class TritonKernel(TritonSpelling, SectionedKernel):
         self.ranges = ((XINDEX, X), (RINDEX, R))
         self.use_int64 = heuristics.needs_int64(self.nodes, graph)
         self._tmp_values: dict[str, KValue] = {}      # indirect-index symbols -> their values
+        # a part of a combined kernel (codegen/triton/combined.py) is handed its program's index as `pid`
+        self.pid_param = False
 
     # -- driving ---------------------------------------------------------------------------------------
 
@@ -377,6 +379,8 @@ class TritonKernel(TritonSpelling, SectionedKernel):
         if self.has_rdim:
             params.append("rnumel")
         params += list(self.args.sizes.values())
+        if self.pid_param:
+            params.append("pid")
         return params
 
     def has_loop(self) -> bool:
@@ -399,7 +403,9 @@ class TritonKernel(TritonSpelling, SectionedKernel):
             f"@triton.jit(do_not_specialize={list(self.args.elements.values())!r})"
         lines = [jit, f"def {self.name}({', '.join(self.signature() + consts)}):"]
         body = []
-        pid = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
+        pid = "pid" if self.pid_param else "tl.program_id(0)"
+        if self.use_int64:
+            pid += ".to(tl.int64)"
         body.append(f"xoffset = {pid} * XBLOCK")
         if self.has_rdim:
             body += ["xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "xmask = xindex < xnumel",

@@ -1,0 +1,147 @@
+"""Combined kernels: independent small pointwise kernels launched as one.
+
+An optimizer step updates each parameter in a kernel of its own (graph/foreach.py fuses each parameter's
+whole update into one): 77 launches for a Llama-style model's 75 parameters. None of them reads what
+another writes, and each is small, so its time is its launch. Consecutive groups like these become the
+parts of one combined kernel: each part runs its own iteration space on a range of the launch's programs
+(the backend renders it: `KernelBackend.combines_kernels`).
+
+A part is a pointwise kernel group of a static size up to COMBINED_MAX_ELEMENTS (its block count is part of
+the combined kernel's source) whose nodes use no size symbols and no varying elements (a random op's seed). Parts of one
+combined kernel are independent: none reads or writes a buffer another part writes, so the parts may run
+in any order, at once.
+
+Runs of eligible groups are cut into combined kernels of at most COMBINED_MAX_PARTS parts and
+COMBINED_MAX_POINTERS distinct buffers. Where the run repeats (the same layer's parameters again), the cut
+follows the repetition so that every layer's combined kernel has the same structure and they share one
+compiled kernel (schedule/structure.py).
+"""
+from __future__ import annotations
+
+from typing import Callable, Hashable, Optional
+
+from ..ir.symbolic import is_static
+
+# parts per combined kernel: each is one more branch of the kernel's source, compiled together
+COMBINED_MAX_PARTS = 16
+# distinct buffers a combined kernel takes (its launch's parameter space stays small)
+COMBINED_MAX_POINTERS = 96
+# elements of a part's iteration space: past this a kernel's time is its memory traffic, not its launch, and
+# every part's outputs are allocated before the combined launch and its inputs freed after it, so large parts
+# would raise the peak (a Llama-style model's largest sharded weight, 2816 x 1024 / 2, stays under it)
+COMBINED_MAX_ELEMENTS = 1 << 21
+
+
+class CombinedGroup:
+    """Groups launched as one kernel: `parts`, in program order, each with its own iteration space."""
+
+    def __init__(self, parts: list):
+        self.parts = list(parts)
+        self.id = tuple(p.id for p in self.parts)
+        self.nodes = [n for p in self.parts for n in p.nodes]
+        self.reads = set().union(*(p.reads for p in self.parts))
+        self.writes = set().union(*(p.writes for p in self.parts))
+        # one element per program-visible position of every part (what traffic estimates bound bytes by)
+        self.group = (sum(p.group[0] for p in self.parts), 1)
+
+    def is_kernel(self) -> bool:
+        return True
+
+    def is_reduction(self) -> bool:
+        return False
+
+    def device(self):
+        return self.parts[0].device()
+
+    def template(self):
+        return None
+
+    def __repr__(self):
+        return f"CombinedGroup({self.parts})"
+
+
+def combinable(group) -> bool:
+    """May this group be a part of a combined kernel? (whether its backend renders them is asked apart)"""
+    return (group.is_kernel() and not group.is_reduction() and group.template() is None
+            and is_static(group.group[0]) and int(group.group[0]) <= COMBINED_MAX_ELEMENTS
+            and not any(n.is_scan() or n.symbols for n in group.nodes)
+            and not any(getattr(n.buf, "elements_vary", False) for n in group.nodes))
+
+
+def combined_units(groups: list, eligible: Callable[[object], bool],
+                   key: Callable[[object], Optional[Hashable]]) -> list[list[int]]:
+    """The groups' indices, in order, cut into units: a unit of several indices is one combined kernel, a
+    unit of one is launched as before. `eligible(group)`: the group may be a part; `key(group)`: its
+    structural key (None if it has none), for cutting repeated runs alike."""
+    units: list[list[int]] = []
+    run: list[int] = []
+    reads: set = set()
+    writes: set = set()
+
+    def flush():
+        units.extend(_cut(run, [key(groups[i]) for i in run], groups) if len(run) > 1 else [[i] for i in run])
+        run.clear()
+        reads.clear()
+        writes.clear()
+
+    for i, g in enumerate(groups):
+        if not eligible(g):
+            flush()
+            units.append([i])
+            continue
+        if run and (g.writes & (reads | writes) or g.reads & writes or g.device() != groups[run[0]].device()):
+            flush()
+        run.append(i)
+        reads |= g.reads
+        writes |= g.writes
+    flush()
+    return units
+
+
+def _cut(run: list[int], keys: list, groups: list) -> list[list[int]]:
+    """A run of independent eligible groups -> combined kernels. Where the run repeats with period p after
+    a prefix, that stretch is cut at multiples of p, so that the repeated kernels have equal structure."""
+    if not run:
+        return []
+    start, period, length = _repetition(keys)
+    if period is None:
+        chunks = [run[j:j + COMBINED_MAX_PARTS] for j in range(0, len(run), COMBINED_MAX_PARTS)]
+        end = len(run)
+    else:
+        size = period * max(1, COMBINED_MAX_PARTS // period)
+        end = start + length // period * period
+        chunks = [run[:start]] if start else []
+        chunks += [run[j:min(j + size, end)] for j in range(start, end, size)]
+    units = [u for chunk in chunks for u in _within_pointers(chunk, groups)]
+    return units + _cut(run[end:], keys[end:], groups)
+
+
+def _repetition(keys: list) -> tuple[int, Optional[int], int]:
+    """(prefix length, period, length of the periodic stretch after the prefix) for the shortest prefix and
+    then the shortest period, both at most COMBINED_MAX_PARTS, whose stretch holds two periods at least;
+    (0, None, 0) where there is none (or some group has no key)."""
+    n = len(keys)
+    for start in range(min(n, COMBINED_MAX_PARTS)):
+        for period in range(1, COMBINED_MAX_PARTS + 1):
+            if n - start < 2 * period:
+                break
+            i = start
+            while i + period < n and keys[i] is not None and keys[i] == keys[i + period]:
+                i += 1
+            if i - start >= period:         # keys[start:i + period] repeat with this period
+                return start, period, i + period - start
+    return 0, None, 0
+
+
+def _within_pointers(chunk: list[int], groups: list) -> list[list[int]]:
+    """`chunk` split where its distinct buffers would pass COMBINED_MAX_POINTERS."""
+    out: list[list[int]] = [[]]
+    seen: set = set()
+    for i in chunk:
+        touched = groups[i].reads | groups[i].writes
+        if out[-1] and len(seen | touched) > COMBINED_MAX_POINTERS:
+            out.append([])
+            seen = set()
+        out[-1].append(i)
+        seen |= touched
+    return [c for c in out if c]
