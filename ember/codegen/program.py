@@ -52,6 +52,7 @@ class ProgramBuilder:
         self.handed_over: set = set()  # buffers whose memory an in-place output took (never pooled for reuse)
         self.reuses: list = []       # HeldForReuse: each dead buffer held for a later buffer of its layout
         self.defined: dict = {}      # structural key of a group -> (its GeneratedKernel, its GroupStructure)
+        self.structures: dict = {}   # group id -> its GroupStructure (None: unkeyed)
         self.call_kernels: dict = {}  # a KernelCall launch's source (under a placeholder name) -> kernel name
         # config.check_nans: where each value comes from, for the checks after each call (None when off)
         self.value_origins = ValueOrigins(lowering)
@@ -113,17 +114,20 @@ class ProgramBuilder:
         (schedule/combine.py), one index a group launched as before."""
         if not config.combine_kernels:
             return [[i] for i in range(len(self.groups))]
-        keys: dict = {}
-
         def eligible(group) -> bool:
             return combinable(group) and backend_for(group.device()).combines_kernels
 
         def key(group):
-            if group.id not in keys:
-                keys[group.id] = group_structure(group, self.g, self.local[group.id], backend_for(group.device()))
-            s = keys[group.id]
+            s = self._structure(group)
             return s.key if s is not None else None
         return combined_units(self.groups, eligible, key)
+
+    def _structure(self, group) -> Optional[GroupStructure]:
+        """The group's structural key (schedule/structure.py), computed once."""
+        if group.id not in self.structures:
+            self.structures[group.id] = group_structure(group, self.g, self.local[group.id],
+                                                        backend_for(group.device()))
+        return self.structures[group.id]
 
     def _combined(self, unit: list) -> bool:
         """The groups of `unit` as one combined kernel; False (nothing emitted) where the backend cannot
@@ -133,7 +137,7 @@ class ProgramBuilder:
         backend = backend_for(combined.device())
         self.group_index = unit[0]
         name = f"kernel{self.kernel_count}{self._label(combined)}"
-        structures = [group_structure(p, self.g, self.local[p.id], backend) for p in parts]
+        structures = [self._structure(p) for p in parts]
         structure = None
         if all(s is not None for s in structures):
             buffers = tuple(b for s in structures for b in s.buffers)
@@ -236,7 +240,7 @@ class ProgramBuilder:
         # a group whose kernel IR matches an earlier group's but for the buffers it touches (the same layer,
         # repeated) launches that group's kernel with its own buffers, instead of generating, compiling,
         # tuning and loading another copy
-        structure = group_structure(group, self.g, local, backend)
+        structure = self._structure(group)
         earlier = self.defined.get(structure.key) if structure is not None else None
         gen = _relaunch(*earlier, structure) if earlier is not None else None
         if gen is None:
