@@ -150,3 +150,12 @@ def test_a_part_writes_over_an_input_that_dies_in_it(combining_backend):
           rtol=1e-4, atol=1e-4)
     assert ember.metrics.combined_kernels == 1
     assert ember.metrics.in_place_buffers == 1
+
+
+def test_a_mutation_after_a_read_of_its_input_is_not_a_part_beside_it(combining_backend):
+    def fn(a, b):
+        x = a[:5].sin()             # reads a before ...
+        a.mul_(2)                   # ... a is written: two launches, in this order
+        return x, b.cos()
+    dev = combining_backend
+    check(fn, torch.randn(37, device=dev), torch.randn(300, device=dev))
