@@ -114,6 +114,7 @@ class ProgramBuilder:
         (schedule/combine.py), one index a group launched as before."""
         if not config.combine_kernels:
             return [[i] for i in range(len(self.groups))]
+
         def eligible(group) -> bool:
             return combinable(group) and backend_for(group.device()).combines_kernels
 
@@ -158,7 +159,7 @@ class ProgramBuilder:
         metrics.combined_kernels += 1
         metrics.combined_kernel_parts += len(parts)
         self.kernels.append((combined, gen))
-        for i, part in zip(unit, parts):
+        for part in parts:
             # parts run at once: an output may take the memory of an input that dies here only if no
             # other part reads that input
             others = set().union(*(p.reads | p.writes for p in parts if p is not part))
