@@ -7,9 +7,9 @@ parts of one combined kernel: each part runs its own iteration space on a range 
 (the backend renders it: `KernelBackend.combines_kernels`).
 
 A part is a pointwise kernel group of a static size up to COMBINED_MAX_ELEMENTS (its block count is part of
-the combined kernel's source) whose nodes use no size symbols and no varying elements (a random op's seed). Parts of one
-combined kernel are independent: none reads or writes a buffer another part writes, so the parts may run
-in any order, at once.
+the combined kernel's source) whose nodes use no size symbols and no varying elements (a random op's
+seed). Parts of one combined kernel are independent: none reads or writes a buffer another part writes, so
+the parts may run in any order, at once.
 
 Runs of eligible groups are cut into combined kernels of at most COMBINED_MAX_PARTS parts and
 COMBINED_MAX_POINTERS distinct buffers. Where the run repeats (the same layer's parameters again), the cut
@@ -33,28 +33,17 @@ COMBINED_MAX_ELEMENTS = 1 << 21
 
 
 class CombinedGroup:
-    """Groups launched as one kernel: `parts`, in program order, each with its own iteration space."""
+    """Groups launched as one kernel: `parts`, in program order, each with its own iteration space. It
+    stands for them where the program builder asks a kernel's group for its nodes (names, checks) or its
+    iteration space (traffic estimates: one element per position of every part)."""
 
     def __init__(self, parts: list):
         self.parts = list(parts)
-        self.id = tuple(p.id for p in self.parts)
         self.nodes = [n for p in self.parts for n in p.nodes]
-        self.reads = set().union(*(p.reads for p in self.parts))
-        self.writes = set().union(*(p.writes for p in self.parts))
-        # one element per program-visible position of every part (what traffic estimates bound bytes by)
         self.group = (sum(p.group[0] for p in self.parts), 1)
-
-    def is_kernel(self) -> bool:
-        return True
-
-    def is_reduction(self) -> bool:
-        return False
 
     def device(self):
         return self.parts[0].device()
-
-    def template(self):
-        return None
 
     def __repr__(self):
         return f"CombinedGroup({self.parts})"
