@@ -158,6 +158,15 @@ def test_looped_rows_single_dim(device, name):
     lowered(lambda a: SINGLE_DIM[name](a, 1, False), x)
 
 
+def test_looped_rows_of_whole_chunks(device):
+    # rows a multiple of every chunk size: no chunk of the loop is partial
+    n = 2 * ember.config.persistent_reduction_max
+    x = torch.randn(3, n, device=device)
+    x[1, n - 1] = float("nan")
+    x[2, n - 5] = float("inf")
+    lowered(lambda a: (a.sum(1), torch.var_mean(a, 1), a.argmax(1), torch.ops.ember.softmax_stats(a, 1)), x)
+
+
 def test_looped_rows_any_all(device):
     b = torch.rand(3, LOOPED, device=device) > 0.001
     b[0] = True
