@@ -178,8 +178,8 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> 
             cache, cached = graph_cache.lookup(gm, example_inputs, kind) if report is None else (None, None)
         dump = DebugDump(kind)
         if cached is not None:
-            # the CompiledGraph keeps the graph it was given (an eager fallback runs it) and, having no fusion
-            # groups, an empty `kernels` (what the debug tools read)
+            # the CompiledGraph keeps the graph it was given (an eager fallback runs it) and, having generated
+            # no kernel, an empty `kernels` (what the debug tools read)
             profile.cache = "hit"
             program, kernel_count, kernels = cached.program, cached.kernel_count, []
         else:

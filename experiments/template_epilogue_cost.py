@@ -57,7 +57,7 @@ def main() -> None:
     b = torch.randn(N, device="cuda", dtype=torch.bfloat16)
     with ember.config.patch(gemm_templates="always", graph_cache=False):
         compiled = ember.compile_graph(make_fx(fn)(x, w, b), [x, w, b])
-    (source,) = [gen.source for _, gen in compiled.kernels if "tl.dot(" in gen.source]
+    (source,) = [gen.source for gen in compiled.kernels if "tl.dot(" in gen.source]
     name = re.search(r"def (\w+)\(", source).group(1)
     store = re.search(r"\n +tl\.store\(.*\n?$", source).group(0)
     epilogue_start = source.rindex("\n", 0, source.index("tmp0 = acc"))

@@ -195,3 +195,27 @@ def test_an_opaque_graph_input_is_passed_on_as_called():
     out = compiled([t, real])
     assert_close(out[0], t * 2.0)
     assert out[1] is real
+
+
+def test_a_compiled_graph_keeps_none_of_the_ir_it_was_built_from():
+    """The compiled callable holds its wrapper and kernels, not the fusion groups and loop-level IR they came
+    from: those would stay alive (memory, and work for every full pass of Python's collector) as long as the
+    compiled model does."""
+    import gc
+    from ember.ir.deps import MemoryDep
+    from ember.ir.nodes import ComputedBuffer
+
+    def ir_objects() -> int:
+        gc.collect()
+        return sum(isinstance(o, (MemoryDep, ComputedBuffer)) for o in gc.get_objects())
+
+    block = Block()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    before = ir_objects()
+    compilers = Compilers()
+    fn = aot_module(block, fw_compiler=compilers.fw, bw_compiler=compilers.bw)
+    out = fn(x)
+    out.sum().backward()
+    assert compilers.kinds == ["forward", "backward"]
+    assert_close(out, block(x))
+    assert ir_objects() == before

@@ -43,7 +43,9 @@ class ProgramBuilder:
         self.lines: list = []
         self.allocated: set[str] = set()
         self.kernel_count = 0
-        self.kernels = []            # GeneratedKernel, for debug output
+        # GeneratedKernel of each group, for debug output and tests (the groups themselves, which hold the
+        # whole IR, are not kept past the build)
+        self.kernels = []
         self.views = 0
         self.bound: set = set()      # size symbols the wrapper has bound so far
         self.layouts: dict = {}      # buffers this wrapper allocated -> layout key (reusable once dead)
@@ -158,7 +160,7 @@ class ProgramBuilder:
         self.kernel_count += 1
         metrics.combined_kernels += 1
         metrics.combined_kernel_parts += len(parts)
-        self.kernels.append((combined, gen))
+        self.kernels.append(gen)
         for part in parts:
             # parts run at once: an output may take the memory of an input that dies here only if no
             # other part reads that input
@@ -249,7 +251,7 @@ class ProgramBuilder:
             if structure is not None:
                 self.defined[structure.key] = (gen, structure)
             self.lines.append(gen.define)
-        self.kernels.append((group, gen))
+        self.kernels.append(gen)
         for n in group.nodes:
             if n.name in gen.stored or n.buf.storage_name() in gen.stored:
                 self._allocate(n.buf, group)

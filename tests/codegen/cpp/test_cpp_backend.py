@@ -318,8 +318,8 @@ def test_kernels_are_c_functions_with_the_triton_contract():
     x = torch.randn(4, 8)
     with ember.config.patch(wrapper="python"):      # the check below reads the Python wrapper's source
         compiled = compile_graph(make_fx(lambda a: torch.softmax(a, -1))(x), [x])
-    assert "extern \"C\"" in compiled.kernels[0][1].source
-    assert compiled.kernels[0][1].define.backend is backend_for("cpu") and backend_for("cpu").name == "cpp"
+    assert "extern \"C\"" in compiled.kernels[0].source
+    assert compiled.kernels[0].define.backend is backend_for("cpu") and backend_for("cpu").name == "cpp"
     assert re.search(r"kernel0(_\w+)?_site0\(\(1,\), ", compiled.source), compiled.source
 
 
