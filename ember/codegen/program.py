@@ -43,8 +43,7 @@ class ProgramBuilder:
         self.lines: list = []
         self.allocated: set[str] = set()
         self.kernel_count = 0
-        # GeneratedKernel of each group, for debug output and tests (the groups themselves, which hold the
-        # whole IR, are not kept past the build)
+        # GeneratedKernel of each group, for debug output and tests; not the groups, which hold the whole IR
         self.kernels = []
         self.views = 0
         self.bound: set = set()      # size symbols the wrapper has bound so far
