@@ -107,8 +107,8 @@ def funcol(rank, world):
 
     def f(x, y):
         a = fc.all_reduce(x * 2, "sum", group)          # its input dies with it: reduced in place
-        b = fc.all_gather_single(y + 1, 0, group)
-        c = fc.reduce_scatter_single(x.relu(), "sum", 0, group)
+        b = fc.all_gather_tensor(y + 1, 0, group)
+        c = fc.reduce_scatter_tensor(x.relu(), "sum", 0, group)
         d = fc.all_to_all_single(y * 3, None, None, group)
         p = x @ y.t()
         e = fc.all_reduce(p, "sum", group)              # p is read again: reduced into a copy
@@ -198,17 +198,19 @@ def ddp_compiled_autograd(rank, world):
 
 def fsdp(rank, world):
     """FSDP2: fully_shard per block and on the root; compiled per block, and as a whole."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
     base = Blocks()
+    mesh = init_device_mesh("cpu", (world,))     # FSDP2's default mesh is on the GPU where there is one
 
     def sharded(compile_blocks):
         m = copy.deepcopy(base)
         for b in m.blocks:
-            fully_shard(b)
+            fully_shard(b, mesh=mesh)
             if compile_blocks:
                 b.compile(backend="ember")
-        return fully_shard(m)
+        return fully_shard(m, mesh=mesh)
 
     batches = [(x, y[:, :4]) for x, y in _batches(rank)]
     per_block = _compare_training(sharded(False), sharded(True), batches)

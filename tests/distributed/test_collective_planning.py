@@ -46,8 +46,8 @@ def _collectives(x, y):
     import torch.distributed._functional_collectives as fc
     group = dist.group.WORLD
     a = fc.all_reduce(x * 2, "sum", group)
-    b = fc.all_gather_single(y + 1, 0, group)
-    c = fc.reduce_scatter_single(x.relu(), "sum", 0, group)
+    b = fc.all_gather_tensor(y + 1, 0, group)
+    c = fc.reduce_scatter_tensor(x.relu(), "sum", 0, group)
     d = fc.all_to_all_single(y * 3, None, None, group)
     return a.sin() + 1, b * 2, c - 1, d.exp() + a.sum()
 
