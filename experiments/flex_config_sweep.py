@@ -1,5 +1,6 @@
 """FlexAttention launch shapes on a GPU: each forward and backward config of ember's flex kernels, timed and
-checked against a float32 reference, next to inductor's flex kernels and SDPA's flash kernel.
+checked against a float32 reference, next to inductor's flex kernels and SDPA's fused kernels (flash, cuDNN,
+memory-efficient, each forced, and SDPA's own choice, named by the kernels it ran).
 
     python -m experiments.flex_config_sweep [--dims 64,128] [--masks causal,sliding] [--out DIR]
 
@@ -83,6 +84,42 @@ def _case(fn, q, k, v, dout, bm, options, flops):
     return row
 
 
+def _sdpa_backends() -> list:
+    """(label, SDPA backends allowed) for SDPA's causal kernels: each fused kernel alone, then SDPA's own
+    choice among all of them (which the row names, from the profiler's kernel names)."""
+    from torch.nn.attention import SDPBackend
+    return [("sdpa flash", [SDPBackend.FLASH_ATTENTION]), ("sdpa cudnn", [SDPBackend.CUDNN_ATTENTION]),
+            ("sdpa efficient", [SDPBackend.EFFICIENT_ATTENTION]), ("sdpa default", None)]
+
+
+def _sdpa_row(q, k, v, dout, flops, backends) -> dict:
+    from torch.nn.attention import sdpa_kernel
+    import contextlib
+    ctx = (lambda: sdpa_kernel(backends)) if backends else contextlib.nullcontext
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+
+    def fwd():
+        with ctx():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def step():
+        with ctx():
+            F.scaled_dot_product_attention(*leaves, is_causal=True).backward(dout)
+    try:
+        with torch.no_grad():
+            ms = _median_ms(fwd)
+        step_ms = _median_ms(step)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.no_grad():
+                fwd()
+            torch.cuda.synchronize()
+        kernels = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+    except Exception as e:      # a backend that refuses these inputs is reported
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    return {"fwd TFLOP/s": flops / ms / 1e9, "bwd TFLOP/s": 2.5 * flops / (step_ms - ms) / 1e9,
+            "kernels": [n[:90] for n in kernels]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--dims", default="64,128")
@@ -138,14 +175,11 @@ def main(argv=None):
                 results.append(row)
                 print(json.dumps(row), flush=True)
             if mask_name == "causal":
-                with torch.no_grad():
-                    ms = _median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-                step_ms = _median_ms(lambda: F.scaled_dot_product_attention(*leaves, is_causal=True).backward(dout))
-                row = {"case": f"D={D} {mask_name}", "config": "sdpa flash", "fwd TFLOP/s": flops / ms / 1e9,
-                       "bwd TFLOP/s": 2.5 * flops / (step_ms - ms) / 1e9}
-                results.append(row)
-                print(json.dumps(row), flush=True)
+                for label, backends in _sdpa_backends():
+                    row = _sdpa_row(q, k, v, dout, flops, backends)
+                    row.update({"case": f"D={D} {mask_name}", "config": label})
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
     with open(os.path.join(a.out, "flex_sweep.json"), "w") as f:
         json.dump(results, f, indent=1)
     cols = ["case", "config", "fwd TFLOP/s", "bwd TFLOP/s", "out", "dq", "dk", "dv", "fallbacks", "error"]
