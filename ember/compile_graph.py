@@ -42,7 +42,8 @@ from .runtime.cudagraph_partition import compile_partitioned
 from .runtime.cudagraphs import wrap as cudagraph_runner
 from .runtime.gc_pause import gc_paused
 from .schedule.fusion import Fusion, build_nodes
-from .schedule.overlap import overlap_collectives
+from .schedule.combine import gather_combinable
+from .schedule.overlap import overlap_collectives, static_nbytes
 from .lowering.registry import load_all
 from .report import collect_graph, recorder as report_recorder
 
@@ -272,6 +273,8 @@ def _generate(gm, example_inputs, kind, dump, profile, report):
             groups = Fusion(nodes, _nbytes(lowering), seeds).run()
             if config.overlap_collectives:
                 groups = overlap_collectives(groups)
+            if config.combine_kernels:
+                groups = gather_combinable(groups, static_nbytes)
         dump.write("ir_post_fusion.txt", lambda: describe_groups(groups))
 
         with profile.stage("code generation"):

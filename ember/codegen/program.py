@@ -21,7 +21,7 @@ from ..schedule.memory import can_overwrite, kernel_local_buffers, last_uses
 from .planned_peak import HeldForReuse, buffer_bytes, drop_reuses_that_raise_the_peak
 from ..device import backend_for
 from ..graph.passes.common import VIEW_OPS
-from ..schedule.combine import CombinedGroup, combinable, combined_units
+from ..schedule.combine import CombinedGroup, combined_units, eligible
 from ..schedule.structure import GroupStructure, group_structure
 from .generate import GeneratedKernel
 from .nan_checks import ValueOrigins
@@ -115,9 +115,6 @@ class ProgramBuilder:
         (schedule/combine.py), one index a group launched as before."""
         if not config.combine_kernels:
             return [[i] for i in range(len(self.groups))]
-
-        def eligible(group) -> bool:
-            return combinable(group) and backend_for(group.device()).combines_kernels
 
         def key(group):
             s = self._structure(group)

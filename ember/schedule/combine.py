@@ -11,6 +11,12 @@ the combined kernel's source) whose nodes use no size symbols and no varying ele
 seed). Parts of one combined kernel are independent: none reads or writes a buffer another part writes, so
 the parts may run in any order, at once.
 
+Eligible groups that stand apart, each between two library calls, are first gathered
+(`gather_combinable`): such a group moves up to the previous eligible group where nothing in between
+depends on it or writes what it reads, so that a forward's weight casts under autocast (one per linear
+layer, each right before its product) become runs of their own. A group moved up holds its outputs longer,
+so the outputs moved up to one place are bounded by GATHER_MAX_BYTES.
+
 Runs of eligible groups are cut into combined kernels of at most COMBINED_MAX_PARTS parts and
 COMBINED_MAX_POINTERS distinct buffers. Where the run repeats (the same layer's parameters again), the cut
 follows the repetition so that every layer's combined kernel has the same structure and they share one
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Optional
 
+from ..device import backend_for
 from ..ir.symbolic import is_static
 
 # parts per combined kernel: each is one more branch of the kernel's source, compiled together
@@ -30,6 +37,9 @@ COMBINED_MAX_POINTERS = 96
 # every part's outputs are allocated before the combined launch and its inputs freed after it, so large parts
 # would raise the peak (a Llama-style model's largest sharded weight, 2816 x 1024 / 2, stays under it)
 COMBINED_MAX_ELEMENTS = 1 << 21
+# bytes of output the groups moved up to one place may hold before the place they stood: the most a
+# gathering adds to the memory in use at any point of the program
+GATHER_MAX_BYTES = 64 << 20
 
 
 class CombinedGroup:
@@ -55,6 +65,46 @@ def combinable(group) -> bool:
             and is_static(group.group[0]) and int(group.group[0]) <= COMBINED_MAX_ELEMENTS
             and not any(n.is_scan() or n.symbols for n in group.nodes)
             and not any(getattr(n.buf, "elements_vary", False) for n in group.nodes))
+
+
+def eligible(group) -> bool:
+    """May this group be a part of a combined kernel on its device?"""
+    return combinable(group) and backend_for(group.device()).combines_kernels
+
+
+def gather_combinable(groups: list, nbytes: Callable[[str], Optional[int]], is_eligible=eligible) -> list:
+    """`groups` (in a valid execution order) reordered: each eligible group moves up to just after the
+    eligible groups gathered last, past groups none of which it depends on (a read of their writes, a
+    write of their reads or writes, a size they define: the scheduler nodes' deps), while the outputs moved
+    up to that place stay within GATHER_MAX_BYTES (`nbytes(buffer name)`, None for a symbolic size). A
+    group that does not move opens the next gathering where it stands."""
+    index = {n: i for i, g in enumerate(groups) for n in g.nodes}
+    out: list = []
+    end = None              # position in `out` just past the open gathering
+    passed: set = set()     # indices (in `groups`) of the groups after the open gathering
+    held = 0
+    for i, g in enumerate(groups):
+        if is_eligible(g) and end is not None:
+            if not passed:          # right after the gathering: it joins it where it stands
+                out.append(g)
+                end += 1
+                continue
+            sizes = [nbytes(w) for w in g.writes]
+            size = None if None in sizes else sum(sizes)
+            depends = {index[d] for n in g.nodes for d in n.deps if d in index}
+            if size is not None and held + size <= GATHER_MAX_BYTES and not depends & passed:
+                out.insert(end, g)
+                end += 1
+                held += size
+                continue
+        if is_eligible(g):
+            out.append(g)
+            end, passed, held = len(out), set(), 0
+            continue
+        out.append(g)
+        if end is not None:
+            passed.add(i)
+    return out
 
 
 def combined_units(groups: list, eligible: Callable[[object], bool],

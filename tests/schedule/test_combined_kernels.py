@@ -159,3 +159,68 @@ def test_a_mutation_after_a_read_of_its_input_is_not_a_part_beside_it(combining_
         return x, b.cos()
     dev = combining_backend
     check(fn, torch.randn(37, device=dev), torch.randn(300, device=dev))
+
+
+# -- gathering eligible groups that stand apart -------------------------------------------------------------
+
+def projections_with_casts(x, wq, wk, wv):
+    """Autocast's pattern: each weight cast right before the product that reads it (a layer's query, key
+    and value projections of one input)."""
+    q, k, v = (x @ w.to(torch.bfloat16) for w in (wq, wk, wv))
+    return torch.tanh(q) + k * v
+
+
+def test_weight_casts_between_products_launch_as_one(combining_backend):
+    dev = combining_backend
+    x = torch.randn(8, 16, device=dev, dtype=torch.bfloat16)
+    ws = [torch.randn(16, 16, device=dev) / 4 for _ in range(3)]
+    check(projections_with_casts, x, *ws, rtol=2e-2, atol=2e-2)
+    # the three casts read only inputs: gathered into one combined kernel ahead of the first product
+    assert ember.metrics.combined_kernels == 1 and ember.metrics.combined_kernel_parts == 3
+    assert ember.metrics.generated_kernel_count == 2
+    ember.metrics.reset()
+    with ember.config.patch(combine_kernels=False):
+        check(projections_with_casts, x, *ws, rtol=2e-2, atol=2e-2)
+    assert ember.metrics.generated_kernel_count == 4
+
+
+class FakeNode:
+    def __init__(self):
+        self.deps = set()
+
+
+class NodeGroup(FakeGroup):
+    def __init__(self, i, deps=(), eligible=True, nbytes=4):
+        super().__init__(i)
+        self.nodes = [FakeNode()]
+        self.nodes[0].deps = {d.nodes[0] for d in deps}
+        self.eligible, self.nbytes = eligible, nbytes
+
+
+def gathered(groups):
+    sizes = {f"out{g.id}": g.nbytes for g in groups}
+    return [g.id for g in combine.gather_combinable(groups, sizes.get, lambda g: g.eligible)]
+
+
+def test_eligible_groups_move_up_past_groups_they_do_not_depend_on():
+    g0 = NodeGroup(0)
+    p1 = NodeGroup(1, [g0], eligible=False)          # a product reading the first cast
+    g2 = NodeGroup(2)
+    p3 = NodeGroup(3, [g2, p1], eligible=False)
+    g4 = NodeGroup(4)
+    t5 = NodeGroup(5, [p3])                           # eligible, but reads the product before it
+    assert gathered([g0, p1, g2, p3, g4, t5]) == [0, 2, 4, 1, 3, 5]
+
+
+def test_gathering_holds_at_most_its_bytes(monkeypatch):
+    monkeypatch.setattr(combine, "GATHER_MAX_BYTES", 10)
+    gs = []
+    for i in range(0, 8, 2):
+        gs += [NodeGroup(i, nbytes=4), NodeGroup(i + 1, [gs[-1]] if gs else [], eligible=False)]
+    # 2 and 4 move up to 0 (8 bytes held); 6 would hold 12: it opens the next gathering where it stands
+    assert gathered(gs) == [0, 2, 4, 1, 3, 5, 6, 7]
+
+
+def test_a_group_of_symbolic_size_does_not_move():
+    gs = [NodeGroup(0), NodeGroup(1, eligible=False), NodeGroup(2, nbytes=None)]
+    assert gathered(gs) == [0, 1, 2]
