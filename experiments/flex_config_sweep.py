@@ -16,11 +16,13 @@ DIR/flex_sweep.json and a table on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import ember
@@ -87,14 +89,11 @@ def _case(fn, q, k, v, dout, bm, options, flops):
 def _sdpa_backends() -> list:
     """(label, SDPA backends allowed) for SDPA's causal kernels: each fused kernel alone, then SDPA's own
     choice among all of them (which the row names, from the profiler's kernel names)."""
-    from torch.nn.attention import SDPBackend
     return [("sdpa flash", [SDPBackend.FLASH_ATTENTION]), ("sdpa cudnn", [SDPBackend.CUDNN_ATTENTION]),
             ("sdpa efficient", [SDPBackend.EFFICIENT_ATTENTION]), ("sdpa default", None)]
 
 
 def _sdpa_row(q, k, v, dout, flops, backends) -> dict:
-    from torch.nn.attention import sdpa_kernel
-    import contextlib
     ctx = (lambda: sdpa_kernel(backends)) if backends else contextlib.nullcontext
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
 
