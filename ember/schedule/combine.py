@@ -85,27 +85,30 @@ def gather_combinable(groups: list, nbytes: Callable[[str], Optional[int]], is_e
     passed: set = set()     # indices (in `groups`) of the groups after the open gathering
     held = 0
     for i, g in enumerate(groups):
-        if is_eligible(g) and end is not None:
-            if not passed:          # right after the gathering: it joins it where it stands
-                out.append(g)
-                end += 1
-                continue
-            sizes = [nbytes(w) for w in g.writes]
-            size = None if None in sizes else sum(sizes)
-            depends = {index[d] for n in g.nodes for d in n.deps if d in index}
-            if size is not None and held + size <= GATHER_MAX_BYTES and not depends & passed:
-                out.insert(end, g)
-                end += 1
-                held += size
-                continue
-        if is_eligible(g):
+        if not is_eligible(g):
+            out.append(g)
+            if end is not None:
+                passed.add(i)
+        elif end is not None and not passed:        # right after the gathering: it joins it where it stands
+            out.append(g)
+            end += 1
+        elif end is not None and _may_move_up(g, index, passed, nbytes, GATHER_MAX_BYTES - held):
+            out.insert(end, g)
+            end += 1
+            held += sum(nbytes(w) for w in g.writes)
+        else:                                       # it opens the next gathering where it stands
             out.append(g)
             end, passed, held = len(out), set(), 0
-            continue
-        out.append(g)
-        if end is not None:
-            passed.add(i)
     return out
+
+
+def _may_move_up(group, index: dict, passed: set, nbytes, room: int) -> bool:
+    """May `group` move before the groups at `passed` (indices in `index`'s order), its outputs taking at
+    most `room` bytes?"""
+    sizes = [nbytes(w) for w in group.writes]
+    if None in sizes or sum(sizes) > room:
+        return False
+    return not any(index[d] in passed for n in group.nodes for d in n.deps if d in index)
 
 
 def combined_units(groups: list, eligible: Callable[[object], bool],
