@@ -136,6 +136,16 @@ class Config:
     # peak 5.38 -> 4.63 GiB, 21.8 -> 22.2 ms (docs/performance.md, "LM heads").
     fused_linear_cross_entropy: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_FUSED_LINEAR_CROSS_ENTROPY", True))
     linear_cross_entropy_chunk_bytes: int = 256 << 20
+    # The partition of a training graph (AOTAutograd's min-cut) may recompute in the backward a pointwise
+    # value that the backward reads only through a matrix product or another op no kernel fuses (a
+    # normalization's output, SwiGLU's or GELU's output, a weight's autocast copy), where that saves fewer
+    # bytes between forward and backward. torch's partitioner bans it (`ban_recompute_materialized_backward`):
+    # such a value must be written again in the backward; ember's backward kernels recompute it where they
+    # read its inputs anyway (a norm's backward, an activation's). save_weight_casts keeps the low-precision
+    # copies of parameters saved (recomputing them reads every fp32 weight again in the backward).
+    recompute_product_operands: bool = dataclasses.field(
+        default_factory=lambda: _env_bool("EMBER_RECOMPUTE_PRODUCT_OPERANDS", True))
+    save_weight_casts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_SAVE_WEIGHT_CASTS", True))
     # SDPA forwards with few query rows per key/value head (a decoding step) run as the backend's own kernels
     # where it has them (lowering/short_attention.py); False: the fused ATen op eager picked.
     short_query_attention: bool = dataclasses.field(

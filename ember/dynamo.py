@@ -8,23 +8,18 @@ import logging
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import config, metrics
 from .compile_graph import CompiledGraph, compile_graph
 from .device import backend_for, check_backend_settings
 from .graph.decompose import LazyTable
-from .graph.passes import joint, pre_grad
+from .graph.passes import pre_grad
+from .graph.passes.partition import partition
 from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
 from .runtime import head_logits, source_keys, whole_graph_cache
 from .runtime.gc_pause import gc_paused
 
 log = logging.getLogger("ember")
-
-
-def _partition(joint_gm, joint_inputs, **kwargs):
-    joint_gm = joint.run(joint_gm)
-    return min_cut_rematerialization_partition(joint_gm, joint_inputs, **kwargs)
 
 
 class _InferenceCompiler:
@@ -113,7 +108,7 @@ def _compile_passed_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         inference_compiler=inference_compiler,
-        partition_fn=_partition,
+        partition_fn=partition,
         decompositions=LazyTable(functools.partial(_each_backend, example_inputs, "prepare")),
         keep_inference_input_mutations=True,
     )

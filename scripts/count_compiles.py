@@ -25,7 +25,7 @@ import ember
 from ember.codegen.triton.backend import TritonBackend
 from ember.device import backend_for
 from benchmarks import models
-from ember.dynamo import _partition
+from ember.graph.passes.partition import partition
 from ember.graph.decompose import decomposition_table
 
 counts = collections.Counter()
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                           return_dict=False))[0]
         compiled = aot_function(step, fw_compiler=functools.partial(_compiler, is_backward=False),
                                 bw_compiler=functools.partial(_compiler, is_backward=True),
-                                partition_fn=_partition, decompositions=decomposition_table())
+                                partition_fn=partition, decompositions=decomposition_table())
         compiled(*state.values(), *data).backward()
     print(f"{a.model}: kernels generated {counts['generated']}, defined {counts['defined']}, Triton compile jobs "
           f"{counts['compile jobs']}; ember's own compile {counts['ember seconds']:.1f} s")

@@ -128,7 +128,7 @@ def test_pass_widens_only_the_saved_statistics(device, monkeypatch):
     counts = []
 
     def widen(gm):
-        casts = lambda: sum(1 for n in gm.graph.nodes if saved_precision._cast_dtype(n) is not None)  # noqa: E731
+        casts = lambda: sum(1 for n in gm.graph.nodes if saved_precision.cast_dtype(n) is not None)  # noqa: E731
         before = casts()
         saved_precision.widen_saved_values(gm)
         counts.append(before - casts())

@@ -31,7 +31,7 @@ aten, prims = torch.ops.aten, torch.ops.prims
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _cast_dtype(node: torch.fx.Node):
+def cast_dtype(node: torch.fx.Node):
     """The dtype a pure dtype conversion `node` converts its first argument to, else None: a `_to_copy`
     that changes nothing but the dtype, or `prims.convert_element_type`."""
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
@@ -78,7 +78,7 @@ def widen_saved_values(gm: torch.fx.GraphModule) -> None:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     forward = None
     for narrow in list(gm.graph.nodes):
-        dtype = _cast_dtype(narrow)
+        dtype = cast_dtype(narrow)
         if dtype not in FLOATS or narrow in output.all_input_nodes:
             continue
         wide = narrow.args[0]
@@ -86,7 +86,7 @@ def widen_saved_values(gm: torch.fx.GraphModule) -> None:
         if wide_dtype not in FLOATS or dtype.itemsize >= wide_dtype.itemsize:
             continue
         users = list(narrow.users)
-        if not users or any(_cast_dtype(u) != wide_dtype for u in users):
+        if not users or any(cast_dtype(u) != wide_dtype for u in users):
             continue
         if forward is None:
             backward = _depends_on_tangents(gm)

@@ -1,0 +1,167 @@
+"""What the forward of a training graph saves for the backward (graph/passes/partition.py): values the
+backward's products read (a norm's output, an MLP's activation) are recomputed from what the backward
+saves anyway, weights' autocast copies stay saved unless config.save_weight_casts is off, and every
+gradient matches eager's."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ember
+from ember.graph.passes import partition as partition_module
+from ember.testing import assert_close, fresh_compile
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class SwiGLUBlock(nn.Module):
+    """A Llama layer's MLP half: x + down(silu(gate(norm(x))) * up(norm(x)))."""
+
+    def __init__(self, d=64, f=160):
+        super().__init__()
+        self.norm = RMSNorm(d)
+        self.gate, self.up, self.down = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class GELUBlock(nn.Module):
+    """A GPT-2 layer's MLP half: x + proj(gelu(fc(layer_norm(x))))."""
+
+    def __init__(self, d=64, f=192):
+        super().__init__()
+        self.norm, self.fc, self.proj = nn.LayerNorm(d), nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x):
+        return x + self.proj(F.gelu(self.fc(self.norm(x)), approximate="tanh"))
+
+
+class ConvBlock(nn.Module):
+    """ResNet's conv -> BatchNorm -> ReLU, twice."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+
+
+def _saved(monkeypatch) -> list:
+    """The (shape, dtype) of each tensor the forward of each graph compiled from now on saves for its
+    backward, appended to the list returned."""
+    found = []
+    original = partition_module.min_cut_rematerialization_partition
+
+    def recording(joint_gm, joint_inputs, **kwargs):
+        fw, bw = original(joint_gm, joint_inputs, **kwargs)
+        for n in bw.graph.find_nodes(op="placeholder"):
+            val = n.meta.get("val")
+            if "tangents" not in n.name and isinstance(val, torch.Tensor):
+                found.append((tuple(val.shape), val.dtype))
+        return fw, bw
+    monkeypatch.setattr(partition_module, "min_cut_rematerialization_partition", recording)
+    return found
+
+
+def _nbytes(saved) -> int:
+    return sum(torch.Size(s).numel() * d.itemsize for s, d in saved)
+
+
+def _train_step(module, x, autocast: bool, **settings):
+    """The module's output and its input's and parameters' gradients, eagerly and under ember (with the
+    settings), from the same weights, input and output gradient."""
+    import copy
+    results = []
+    grad_out = None
+    for compiled in (False, True):
+        m = copy.deepcopy(module)
+        xi = x.detach().clone().requires_grad_(True)
+        fn = fresh_compile(m) if compiled else m
+        with ember.config.patch(**settings), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = fn(xi)
+        if grad_out is None:
+            grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        results.append((out, [xi.grad] + [p.grad for p in m.parameters()]))
+    return results
+
+
+# float32 results of bf16 products under autocast: bf16's tolerance
+BF16 = {"rtol": 2e-2, "atol": 2e-2}
+
+
+def _assert_close_in_norm(actual, expected, rel=2e-2):
+    """Gradients under autocast, each within `rel` of eager's in relative norm: a weight gradient sums
+    bf16-rounded products over the tokens, so a single element whose sum nearly cancels may differ by more
+    than bf16's elementwise tolerance between two correct kernels."""
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        err = ((a.float() - e.float()).norm() / e.float().norm()).item()
+        assert err < rel, f"grad[{i}]: relative error {err:.3g}"
+
+
+def _block_input(d=64, dtype=torch.float32):
+    return torch.randn(4, 24, d, dtype=dtype)
+
+
+@pytest.mark.parametrize("block", [SwiGLUBlock, GELUBlock])
+def test_the_backward_recomputes_what_its_products_read(block, monkeypatch):
+    """The norm's output and the activation feed the backward's weight-gradient products; recomputing them
+    from the saved residual, row statistics and the products' outputs saves one [tokens, f] and one
+    [tokens, d] tensor. Off, torch's policy saves them."""
+    torch.manual_seed(0)
+    module, x = block(), _block_input()
+    saved = _saved(monkeypatch)
+    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, False, recompute_product_operands=True)
+    assert_close(a_out, e_out)
+    assert_close(a_grads, e_grads, what="grad")
+    recomputed, saved[:] = _nbytes(saved), []
+    _train_step(module, x, False, recompute_product_operands=False)
+    kept = _nbytes(saved)
+    tokens, f = 4 * 24, (module.up if block is SwiGLUBlock else module.fc).out_features
+    assert kept - recomputed >= tokens * f * 4, (kept, recomputed)
+
+
+def test_weight_casts_stay_saved_unless_asked(monkeypatch):
+    """Under autocast each weight's bf16 copy is saved for the backward's products by default; with
+    save_weight_casts off the backward casts the fp32 weights again and the forward saves none of them."""
+    torch.manual_seed(0)
+    module, x = SwiGLUBlock(), _block_input()
+    weight_shapes = {tuple(p.shape) for n, p in module.named_parameters() if p.dim() == 2}
+    saved = _saved(monkeypatch)
+    for save_casts in (True, False):
+        saved[:] = []
+        (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, True, save_weight_casts=save_casts)
+        assert_close(a_out, e_out, **BF16)
+        _assert_close_in_norm(a_grads, e_grads)
+        casts = [s for s, d in saved if d == torch.bfloat16 and s in weight_shapes]
+        assert len(casts) == (len(weight_shapes) + 1 if save_casts else 0), saved   # gate and up share a shape
+
+
+def test_convolution_blocks_train_as_eager_with_recomputed_activations():
+    torch.manual_seed(0)
+    module, x = ConvBlock(), torch.randn(2, 8, 10, 10)
+    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, False)
+    assert_close(a_out, e_out)
+    assert_close(a_grads, e_grads, what="grad", rtol=1e-3, atol=1e-4)
+
+
+def test_bf16_autocast_block_matches_eager():
+    torch.manual_seed(0)
+    module, x = SwiGLUBlock(), _block_input()
+    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, True)
+    assert_close(a_out, e_out, **BF16)
+    _assert_close_in_norm(a_grads, e_grads)
