@@ -82,35 +82,41 @@ def _nbytes(saved) -> int:
 
 
 def _train_step(module, x, autocast: bool, **settings):
-    """The module's output and its input's and parameters' gradients, eagerly and under ember (with the
-    settings), from the same weights, input and output gradient."""
+    """The module's output and its input's and parameters' gradients: eagerly, under ember (with the
+    settings) and, as the reference, eagerly in float64 without autocast, from the same weights, input and
+    output gradient."""
     import copy
     results = []
     grad_out = None
-    for compiled in (False, True):
+    for run in ("eager", "ember", "float64"):
         m = copy.deepcopy(module)
-        xi = x.detach().clone().requires_grad_(True)
-        fn = fresh_compile(m) if compiled else m
-        with ember.config.patch(**settings), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        xi = x.detach().clone()
+        if run == "float64":
+            m, xi = m.double(), xi.double()
+        xi.requires_grad_(True)
+        fn = fresh_compile(m) if run == "ember" else m
+        with ember.config.patch(**settings), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast and run != "float64"):
             out = fn(xi)
         if grad_out is None:
             grad_out = torch.randn_like(out)
-        out.backward(grad_out)
+        out.backward(grad_out.to(out.dtype))
         results.append((out, [xi.grad] + [p.grad for p in m.parameters()]))
     return results
 
 
-# float32 results of bf16 products under autocast: bf16's tolerance
-BF16 = {"rtol": 2e-2, "atol": 2e-2}
+def _assert_as_accurate_as_eager(results):
+    """Under autocast: ember's output and each gradient are at most about as far from the float64
+    reference as eager's (relative norm of the difference), as half-precision results are compared
+    (a weight gradient sums bf16-rounded products over the tokens; two correct kernels round differently)."""
+    (e_out, e_grads), (a_out, a_grads), (r_out, r_grads) = results
+    # Triton's interpreter truncates fp32 -> bf16 casts where torch and GPUs round to nearest: 3-4x the error
+    factor = 4 if ember.config.cpu_backend == "triton" else 2
 
-
-def _assert_close_in_norm(actual, expected, rel=2e-2):
-    """Gradients under autocast, each within `rel` of eager's in relative norm: a weight gradient sums
-    bf16-rounded products over the tokens, so a single element whose sum nearly cancels may differ by more
-    than bf16's elementwise tolerance between two correct kernels."""
-    for i, (a, e) in enumerate(zip(actual, expected)):
-        err = ((a.float() - e.float()).norm() / e.float().norm()).item()
-        assert err < rel, f"grad[{i}]: relative error {err:.3g}"
+    def err(v, ref):
+        return ((v.double() - ref).norm() / ref.norm()).item()
+    for i, (a, e, r) in enumerate(zip([a_out] + a_grads, [e_out] + e_grads, [r_out] + r_grads)):
+        assert err(a, r) <= factor * err(e, r) + 1e-3, f"value {i}: ember {err(a, r):.3g}, eager {err(e, r):.3g}"
 
 
 def _block_input(d=64, dtype=torch.float32):
@@ -125,7 +131,7 @@ def test_the_backward_recomputes_what_its_products_read(block, monkeypatch):
     torch.manual_seed(0)
     module, x = block(), _block_input()
     saved = _saved(monkeypatch)
-    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, False, recompute_product_operands=True)
+    (e_out, e_grads), (a_out, a_grads), _ = _train_step(module, x, False, recompute_product_operands=True)
     assert_close(a_out, e_out)
     assert_close(a_grads, e_grads, what="grad")
     recomputed, saved[:] = _nbytes(saved), []
@@ -144,9 +150,7 @@ def test_weight_casts_stay_saved_unless_asked(monkeypatch):
     saved = _saved(monkeypatch)
     for save_casts in (True, False):
         saved[:] = []
-        (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, True, save_weight_casts=save_casts)
-        assert_close(a_out, e_out, **BF16)
-        _assert_close_in_norm(a_grads, e_grads)
+        _assert_as_accurate_as_eager(_train_step(module, x, True, save_weight_casts=save_casts))
         casts = [s for s, d in saved if d == torch.bfloat16 and s in weight_shapes]
         assert len(casts) == (len(weight_shapes) + 1 if save_casts else 0), saved   # gate and up share a shape
 
@@ -154,7 +158,7 @@ def test_weight_casts_stay_saved_unless_asked(monkeypatch):
 def test_convolution_blocks_train_as_eager_with_recomputed_activations():
     torch.manual_seed(0)
     module, x = ConvBlock(), torch.randn(2, 8, 10, 10)
-    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, False)
+    (e_out, e_grads), (a_out, a_grads), _ = _train_step(module, x, False)
     assert_close(a_out, e_out)
     assert_close(a_grads, e_grads, what="grad", rtol=1e-3, atol=1e-4)
 
@@ -162,6 +166,24 @@ def test_convolution_blocks_train_as_eager_with_recomputed_activations():
 def test_bf16_autocast_block_matches_eager():
     torch.manual_seed(0)
     module, x = SwiGLUBlock(), _block_input()
-    (e_out, e_grads), (a_out, a_grads) = _train_step(module, x, True)
-    assert_close(a_out, e_out, **BF16)
-    _assert_close_in_norm(a_grads, e_grads)
+    _assert_as_accurate_as_eager(_train_step(module, x, True))
+
+
+class Checkpointed(nn.Module):
+    """Two blocks, the first under torch.utils.checkpoint: its own recompute tags decide for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = SwiGLUBlock(), SwiGLUBlock()
+
+    def forward(self, x):
+        return self.b(torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=False))
+
+
+def test_activation_checkpointing_keeps_its_own_policy():
+    torch.manual_seed(0)
+    module, x = Checkpointed(), _block_input()
+    _assert_as_accurate_as_eager(_train_step(module, x, True))
+    (e_out, e_grads), (a_out, a_grads), _ = _train_step(module, x, False)
+    assert_close(a_out, e_out)
+    assert_close(a_grads, e_grads, what="grad")
