@@ -213,13 +213,11 @@ def test_nonzero_in_the_middle(device):
         rows = torch.nonzero(x > 0)
         return rows.float().sum() + y.exp()
     _matches_eager(f, lambda: _with_positives(11, 4, 8, device=device))
-    if device == "cpu":
-        assert _counters() == (2, 8, 2)
-    else:
-        # CUDA's caching allocator may hand the count between the partitions the block an earlier step
-        # freed, or not: the last partition is then recorded once or twice more
-        records, replays, partitions = _counters()
-        assert partitions == 2 and 2 <= records <= 4 and replays >= 6
+    # the allocator (CUDA's caching allocator, and the CPU's malloc alike) may hand the count between the
+    # partitions the block an earlier step freed, or not: the last partition is then recorded once or
+    # twice more
+    records, replays, partitions = _counters()
+    assert partitions == 2 and 2 <= records <= 4 and replays >= 6
 
 
 def test_boolean_mask_in_the_middle_with_dynamic_sizes(device):
