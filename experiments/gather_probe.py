@@ -24,7 +24,7 @@ import torch
 import ember
 
 
-def _anchor():
+def anchor():
     path = os.environ.get("ANCHOR_MODELS", os.path.join("..", "shared", "bench", "anchor_models.py"))
     spec = importlib.util.spec_from_file_location("anchor_models", path)
     am = importlib.util.module_from_spec(spec)
@@ -58,7 +58,7 @@ def _compile(fn, gather: bool) -> dict:
             "parts": ember.metrics.combined_kernel_parts}
 
 
-def _launches(fn) -> int:
+def launches(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -91,7 +91,7 @@ def run(am, name: str, rounds: int, plain_first: bool = False) -> dict:
         fn()
         torch.cuda.synchronize()
         result[v]["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
-        result[v]["launches"] = _launches(fn)
+        result[v]["launches"] = launches(fn)
         if os.environ.get("PROBE_HOST_TABLE"):
             print(f"== {name} {v}\n{_host_table(fn)}", flush=True)
         result[v]["ms"], result[v]["host ms"] = [], []
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--plain-first", action="store_true", help="compile and time the variant without gathering first")
     a = p.parse_args(argv)
-    am = _anchor()
+    am = anchor()
     ember.config.graph_cache = False        # the second variant's graph is the first's: compile it again
     torch._dynamo.config.cache_size_limit = 64
     for name in a.models.split(","):

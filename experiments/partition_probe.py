@@ -22,7 +22,7 @@ import time
 import torch
 
 import ember
-from experiments.gather_probe import _anchor, _launches
+from experiments.gather_probe import anchor, launches
 
 SETTINGS = {"torch": {"recompute_product_operands": False},
             "operands": {"recompute_product_operands": True, "save_weight_casts": True},
@@ -79,7 +79,7 @@ def run(am, name: str, variants: list, rounds: int, lm_loss: str) -> dict:
         result[v]["peak GiB fwd"] = saved["fwd"] / 2**30
         result[v]["peak GiB bwd"] = torch.cuda.max_memory_allocated() / 2**30
         result[v]["saved GiB"] = saved["held"] / 2**30
-        result[v]["launches"] = _launches(fn)
+        result[v]["launches"] = launches(fn)
         result[v]["ms"] = []
     for _ in range(rounds):
         for v, (fn, first, saved) in fns.items():
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
     p.add_argument("--lm-loss", default="pow2", choices=["pow2", "ce"])
     p.add_argument("--rounds", type=int, default=5)
     a = p.parse_args(argv)
-    am = _anchor()
+    am = anchor()
     ember.config.graph_cache = False        # each variant compiles the same graphs again
     torch._dynamo.config.cache_size_limit = 64
     for name in a.models.split(","):

@@ -4,6 +4,8 @@ saves anyway, weights' autocast copies stay saved unless config.save_weight_cast
 gradient matches eager's."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -30,7 +32,8 @@ class SwiGLUBlock(nn.Module):
     def __init__(self, d=64, f=160):
         super().__init__()
         self.norm = RMSNorm(d)
-        self.gate, self.up, self.down = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False)
+        self.gate, self.up = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
 
     def forward(self, x):
         h = self.norm(x)
@@ -85,7 +88,6 @@ def _train_step(module, x, autocast: bool, **settings):
     """The module's output and its input's and parameters' gradients: eagerly, under ember (with the
     settings) and, as the reference, eagerly in float64 without autocast, from the same weights, input and
     output gradient."""
-    import copy
     results = []
     grad_out = None
     for run in ("eager", "ember", "float64"):

@@ -92,23 +92,27 @@ def gather_combinable(groups: list, nbytes: Callable[[str], Optional[int]], is_e
         elif end is not None and not passed:        # right after the gathering: it joins it where it stands
             out.append(g)
             end += 1
-        elif end is not None and _may_move_up(g, index, passed, nbytes, GATHER_MAX_BYTES - held):
-            out.insert(end, g)
-            end += 1
-            held += sum(nbytes(w) for w in g.writes)
-        else:                                       # it opens the next gathering where it stands
-            out.append(g)
-            end, passed, held = len(out), set(), 0
+        else:
+            moved = None if end is None else _bytes_moved_up(g, index, passed, nbytes, GATHER_MAX_BYTES - held)
+            if moved is not None:
+                out.insert(end, g)
+                end += 1
+                held += moved
+            else:                                   # it opens the next gathering where it stands
+                out.append(g)
+                end, passed, held = len(out), set(), 0
     return out
 
 
-def _may_move_up(group, index: dict, passed: set, nbytes, room: int) -> bool:
-    """May `group` move before the groups at `passed` (indices in `index`'s order), its outputs taking at
-    most `room` bytes?"""
+def _bytes_moved_up(group, index: dict, passed: set, nbytes, room: int) -> Optional[int]:
+    """The bytes of `group`'s outputs if it may move before the groups at `passed` (indices in `index`'s
+    order), those outputs taking at most `room` bytes; None if it may not."""
     sizes = [nbytes(w) for w in group.writes]
     if None in sizes or sum(sizes) > room:
-        return False
-    return not any(index[d] in passed for n in group.nodes for d in n.deps if d in index)
+        return None
+    if any(index[d] in passed for n in group.nodes for d in n.deps if d in index):
+        return None
+    return sum(sizes)
 
 
 def combined_units(groups: list, eligible: Callable[[object], bool],

@@ -18,6 +18,8 @@ quarter of the weights' bytes, so with config.save_weight_casts they stay saved,
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.fx
 from torch._functorch import config as functorch_config
@@ -29,26 +31,22 @@ from . import joint
 from .saved_precision import cast_dtype
 
 
-def mark_weight_casts_saved(gm: torch.fx.GraphModule, static_input_indices) -> int:
+def mark_weight_casts_saved(gm: torch.fx.GraphModule, static_input_indices) -> None:
     """Mark each dtype conversion of a parameter (a static-lifetime primal) for saving, as torch's
-    checkpoint policies mark a value (`CheckpointPolicy.MUST_SAVE`); the number marked."""
+    checkpoint policies mark a value (`CheckpointPolicy.MUST_SAVE`)."""
     primals = [n for n in gm.graph.find_nodes(op="placeholder") if "tangents" not in str(n.target)]
-    params = {primals[i] for i in static_input_indices or () if i < len(primals)}
-    marked = 0
-    for p in params:
-        for user in p.users:
-            if cast_dtype(user) is not None and "recompute" not in user.meta:
-                user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-                marked += 1
-    return marked
+    params = [primals[i] for i in static_input_indices or () if i < len(primals)]
+    for user in (u for p in params for u in p.users):
+        if cast_dtype(user) is not None and "recompute" not in user.meta:
+            user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def partition(joint_gm: torch.fx.GraphModule, joint_inputs, **kwargs):
-    """AOTAutograd's `partition_fn`: (forward module, backward module)."""
+    """AOTAutograd's `partition_fn`: (forward module, backward module). With recompute_product_operands
+    off, torch's own partitioner settings decide."""
     joint_gm = joint.run(joint_gm)
-    if not config.recompute_product_operands:
-        return min_cut_rematerialization_partition(joint_gm, joint_inputs, **kwargs)
-    if config.save_weight_casts:
+    lift = config.recompute_product_operands
+    if lift and config.save_weight_casts:
         mark_weight_casts_saved(joint_gm, kwargs.get("static_lifetime_input_indices"))
-    with functorch_config.patch(ban_recompute_materialized_backward=False):
+    with functorch_config.patch(ban_recompute_materialized_backward=False) if lift else contextlib.nullcontext():
         return min_cut_rematerialization_partition(joint_gm, joint_inputs, **kwargs)
