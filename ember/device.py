@@ -36,6 +36,9 @@ class KernelBackend:
     matmul_alignment: int = 0
     # a matmul bias whose result only feeds pointwise ops is added by those ops' kernel, not by the GEMM
     adds_matmul_bias_in_epilogue: bool = False
+    # activations the device's GEMM library applies with a matmul's bias in its epilogue, for 16-bit
+    # products ("relu", "gelu_tanh": cuBLASLt through ATen's `_addmm_activation`; graph/passes/library_epilogues.py)
+    library_bias_activations: frozenset = frozenset()
     # a convolution's bias is added by the kernel that reads its output, not by the convolution library
     adds_convolution_bias_in_epilogue: bool = False
     # softmax's row statistics (max, sum of exp) as one online reduction, reading a long row once

@@ -59,6 +59,8 @@ class TritonBackend(KernelBackend):
         # under autocast a bias needs a cast kernel of its own before the GEMM can add it; in the epilogue
         # of the pointwise kernel that reads the product the cast is free
         self.adds_matmul_bias_in_epilogue = not interpret
+        # cuBLASLt's GELU and ReLU bias epilogues (under the interpreter ATen's CPU op runs them as two ops)
+        self.library_bias_activations = frozenset() if interpret else frozenset({"relu", "gelu_tanh"})
         # cuDNN adds a bias in a separate elementwise pass; oneDNN (under the interpreter) fuses it
         self.adds_convolution_bias_in_epilogue = not interpret
         # cuDNN converts NCHW operands to NHWC and back around its fastest kernels; under the interpreter

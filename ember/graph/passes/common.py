@@ -29,6 +29,15 @@ def only_allocates(op) -> bool:
         not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
+def call_op(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
+    """A new node op(*args, **kwargs) at the graph's insertion point, with its fake value."""
+    node = graph.call_function(op, args, kwargs)
+    fake = next(x.meta["val"] for x in args if isinstance(x, torch.fx.Node))
+    with fake.fake_mode:
+        node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args], **kwargs)
+    return node
+
+
 def run_passes(gm: torch.fx.GraphModule, passes: Iterable[Callable], user_passes: Iterable[Callable]) -> torch.fx.GraphModule:
     for p in list(passes) + list(user_passes):
         out = p(gm)

@@ -19,7 +19,8 @@ from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
 from .inplace_collectives import reinplace_all_reduces
-from .common import VIEW_OPS, dead_code_elimination, run_passes
+from .library_epilogues import fuse_bias_activations
+from .common import VIEW_OPS, call_op, dead_code_elimination, run_passes
 from .conv_layout import plan_conv_layouts
 
 aten = torch.ops.aten
@@ -74,10 +75,10 @@ def _multiply_add(graph, product, factor, addend, dtype):
         ops = {aten.mul.Tensor: aten.addcmul.default, aten.div.Tensor: aten.addcdiv.default}
         if isinstance(product, torch.fx.Node) and product.target in ops and len(product.users) == 1 and \
                 not product.kwargs and all(getattr(_val(x), "dtype", None) == dtype for x in product.args):
-            return _call(graph, ops[product.target], addend, *product.args, value=factor)
-        return _call(graph, aten.add.Tensor, addend, product, alpha=factor)
+            return call_op(graph, ops[product.target], addend, *product.args, value=factor)
+        return call_op(graph, aten.add.Tensor, addend, product, alpha=factor)
     if isinstance(factor, torch.fx.Node):
-        return _call(graph, aten.addcmul.default, addend, product, factor)
+        return call_op(graph, aten.addcmul.default, addend, product, factor)
     return None
 
 
@@ -231,9 +232,9 @@ def unfuse_convolution_bias(gm: torch.fx.GraphModule) -> None:
                 b.dtype != out.dtype or not backend_for(out.device).adds_convolution_bias_in_epilogue:
             continue
         with gm.graph.inserting_before(n):
-            conv = _call(gm.graph, aten.convolution.default, n.args[0], n.args[1], None, *n.args[3:])
-            shaped = _call(gm.graph, aten.view.default, bias, [-1] + [1] * (out.dim() - 2))
-            added = _call(gm.graph, aten.add.Tensor, conv, shaped)
+            conv = call_op(gm.graph, aten.convolution.default, n.args[0], n.args[1], None, *n.args[3:])
+            shaped = call_op(gm.graph, aten.view.default, bias, [-1] + [1] * (out.dim() - 2))
+            added = call_op(gm.graph, aten.add.Tensor, conv, shaped)
         added.meta["val"] = out          # the traced strides (a fake add may pick others)
         n.replace_all_uses_with(added)
         gm.graph.erase_node(n)
@@ -253,10 +254,10 @@ def _sum_bias_gradient(graph: torch.fx.Graph, n: torch.fx.Node) -> None:
             (len(getters) > 1 and not (mask[0] or mask[1])):
         return
     with graph.inserting_before(n):
-        summed = _call(graph, aten.sum.dim_IntList, grad, [d for d in range(g.dim()) if d != 1])
+        summed = call_op(graph, aten.sum.dim_IntList, grad, [d for d in range(g.dim()) if d != 1])
         rest = None
         if mask[0] or mask[1]:
-            rest = _call(graph, aten.convolution_backward.default, *n.args[:10], [mask[0], mask[1], False])
+            rest = call_op(graph, aten.convolution_backward.default, *n.args[:10], [mask[0], mask[1], False])
     getters[2].replace_all_uses_with(summed)
     graph.erase_node(getters[2])
     for k, getter in getters.items():
@@ -346,7 +347,7 @@ class _MatmulPadder:
         bias = node.args[0] if node.target is aten.addmm.default else None
         a2, b2 = self.pad(a, s.pad_m, s.pad_k, node), self.pad(b, s.pad_k, s.pad_n, node)
         with self.graph.inserting_before(node):
-            bias2 = _call(self.graph, aten.constant_pad_nd.default, bias, [0, s.pad_n]) \
+            bias2 = call_op(self.graph, aten.constant_pad_nd.default, bias, [0, s.pad_n]) \
                 if bias is not None and s.pad_n else bias
             out, restrided = self._product(node, a2, b2, bias2, s)
         if restrided is None:
@@ -368,13 +369,13 @@ class _MatmulPadder:
         returned = bool(s.pad_n) and _returned(node)
         out = restrided = None
         if not returned or self.inference:
-            out = _call(self.graph, aten.addmm.default, bias2, a2, b2, **node.kwargs) if bias2 is not None \
-                else _call(self.graph, aten.mm.default, a2, b2)
+            out = call_op(self.graph, aten.addmm.default, bias2, a2, b2, **node.kwargs) if bias2 is not None \
+                else call_op(self.graph, aten.mm.default, a2, b2)
             out = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, s.pad_n)
             if returned:
                 restrided = _views_restrided(node, out.meta["val"])
         if returned and restrided is None:
-            out = _call(self.graph, padded_mm, a2, b2, bias2, s.m, s.n)
+            out = call_op(self.graph, padded_mm, a2, b2, bias2, s.m, s.n)
         return out, restrided
 
     def pad(self, x, rows: int, cols: int, matmul: torch.fx.Node):
@@ -389,12 +390,12 @@ class _MatmulPadder:
         if base is not None:
             padded_base = self.pad(base, cols, rows, matmul)
             with self.graph.inserting_before(matmul):
-                return _call(self.graph, aten.permute.default, padded_base, [1, 0])
+                return call_op(self.graph, aten.permute.default, padded_base, [1, 0])
         if (x, rows, cols) in self.padded:
             return self.padded[x, rows, cols]
         computed = x.op == "call_function"
         with self.graph.inserting_before(x.next if computed else matmul):  # (inserting_after(x) would reverse a chain)
-            p = self.padded[x, rows, cols] = _call(self.graph, aten.constant_pad_nd.default, x, [0, cols, 0, rows])
+            p = self.padded[x, rows, cols] = call_op(self.graph, aten.constant_pad_nd.default, x, [0, cols, 0, rows])
         self.pads.add(p)
         if computed:
             self._read_sliced_back(x, p, rows, cols)
@@ -438,19 +439,10 @@ def _views_restrided(node, val):
 def _slice_back(graph: torch.fx.Graph, x, shape, rows: int, cols: int):
     """x, padded by `rows` and `cols`, sliced back to `shape`."""
     if rows:
-        x = _call(graph, aten.slice.Tensor, x, 0, 0, shape[0])
+        x = call_op(graph, aten.slice.Tensor, x, 0, 0, shape[0])
     if cols:
-        x = _call(graph, aten.slice.Tensor, x, 1, 0, shape[1])
+        x = call_op(graph, aten.slice.Tensor, x, 1, 0, shape[1])
     return x
-
-
-def _call(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
-    """A new node op(*args, **kwargs) at the graph's insertion point, with its fake value."""
-    node = graph.call_function(op, args, kwargs)
-    fake = next(x.meta["val"] for x in args if isinstance(x, torch.fx.Node))
-    with fake.fake_mode:
-        node.meta["val"] = op(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args], **kwargs)
-    return node
 
 
 def _returned(node) -> bool:
@@ -476,11 +468,11 @@ def _val(x):
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else None
 
 
-# attention first: it reads the softmax that online_softmax_stats rewrites
+# attention first: it reads the softmax that online_softmax_stats rewrites; a bias and activation the GEMM
+# library fuses before unfuse_bias_addmm moves the bias into a kernel
 PASSES: list = [fuse_attention_inference, remove_noop_casts, restore_multiply_adds, scatter_into_constant,
-                online_softmax_stats, unfuse_bias_addmm, unfuse_convolution_bias, pad_matmuls, plan_conv_layouts,
-                bucket_collectives, reinplace_all_reduces,
-                dead_code_elimination]
+                online_softmax_stats, fuse_bias_activations, unfuse_bias_addmm, unfuse_convolution_bias,
+                pad_matmuls, plan_conv_layouts, bucket_collectives, reinplace_all_reduces, dead_code_elimination]
 
 
 def run(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
