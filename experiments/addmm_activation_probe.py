@@ -14,25 +14,15 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from ember.report.roofline import cuda_seconds
+
 SHAPES = {"gpt2_fc": (8192, 3072, 768), "llama_gate_up": (8192, 5632, 1024), "bert_ffn_in": (8192, 3072, 768),
           "small": (512, 1024, 256), "odd": (1000, 3001, 769)}
 
 
-def per_call(fn, iters=30, calls=10):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / calls * 1000)
-    ts.sort()
-    return ts[len(ts) // 2]
+def per_call(fn) -> float:
+    """Median us of one call: 30 samples of 10 back-to-back calls."""
+    return cuda_seconds(fn, samples=30, calls=10) * 1e6
 
 
 def rel(a, b):

@@ -58,6 +58,23 @@ def _compile(fn, gather: bool) -> dict:
             "parts": ember.metrics.combined_kernel_parts}
 
 
+def timed_in_turn(fns: dict, rounds: int, steps: int = 10) -> dict:
+    """{name: [ms of each step]}: `rounds` rounds, each running every fn `steps` times in turn, each step
+    between two CUDA events after a sync."""
+    ms: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(steps):
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                torch.cuda.synchronize()
+                ms[name].append(s.elapsed_time(e))
+    return ms
+
+
 def launches(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

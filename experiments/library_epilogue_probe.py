@@ -18,7 +18,7 @@ import torch
 
 import ember
 from ember.device import backend_for
-from experiments.gather_probe import anchor, launches
+from experiments.gather_probe import anchor, launches, timed_in_turn
 
 VARIANTS = ("library", "kernel", "inductor")
 
@@ -56,19 +56,10 @@ def run(am, name: str, rounds: int) -> dict:
     result = {}
     for v, fn in fns.items():
         out = _first_call(fn, v).float()
-        result[v] = {"max |diff| vs eager": (out - ref).abs().max().item(), "launches": launches(fn), "ms": []}
+        result[v] = {"max |diff| vs eager": (out - ref).abs().max().item(), "launches": launches(fn)}
         del out
-    for _ in range(rounds):
-        for v, fn in fns.items():
-            for _ in range(10):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                torch.cuda.synchronize()
-                result[v]["ms"].append(s.elapsed_time(e))
-    for v in fns:
-        result[v]["ms"] = statistics.median(result[v]["ms"])
+    for v, ms in timed_in_turn(fns, rounds).items():
+        result[v]["ms"] = statistics.median(ms)
     return result
 
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 import ember
-from experiments.gather_probe import anchor, launches
+from experiments.gather_probe import anchor, launches, timed_in_turn
 
 SETTINGS = {"torch": {"recompute_product_operands": False},
             "operands": {"recompute_product_operands": True, "save_weight_casts": True},
@@ -80,17 +80,8 @@ def run(am, name: str, variants: list, rounds: int, lm_loss: str) -> dict:
         result[v]["peak GiB bwd"] = torch.cuda.max_memory_allocated() / 2**30
         result[v]["saved GiB"] = saved["held"] / 2**30
         result[v]["launches"] = launches(fn)
-        result[v]["ms"] = []
-    for _ in range(rounds):
-        for v, (fn, first, saved) in fns.items():
-            for _ in range(10):
-                torch.cuda.synchronize()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                torch.cuda.synchronize()
-                result[v]["ms"].append(s.elapsed_time(e))
+    for v, ms in timed_in_turn({v: fn for v, (fn, _, _) in fns.items()}, rounds).items():
+        result[v]["ms"] = ms
     for v in variants:
         result[v]["ms spread"] = [round(min(result[v]["ms"]), 2), round(max(result[v]["ms"]), 2)]
         result[v]["ms"] = statistics.median(result[v]["ms"])
