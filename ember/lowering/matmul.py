@@ -32,6 +32,7 @@ import torch
 from .. import metrics, state
 from ..config import config
 from ..device import backend_for
+from ..graph.passes.common import RESHAPES, is_pointwise, readers
 from ..ir.nodes import Layout, ReinterpretView, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import sympify, sympy_list
@@ -102,8 +103,6 @@ def _supported(a, b) -> bool:
 # -- "auto": products chosen by timing, for a whole graph at once ----------------------------------------
 
 _PRODUCTS = {aten.mm.default: "mm", aten.bmm.default: "bmm", aten.addmm.default: "addmm"}
-# readers through which a product's elements keep their order: a pointwise reader behind them still fuses
-_ORDER_KEEPING_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _preferred(node, backend) -> bool:
@@ -187,24 +186,13 @@ def _convolution_spec(n: torch.fx.Node) -> ProductSpec | None:
                        tf32=_tf32(convolution=True))
 
 
-def _readers(n: torch.fx.Node) -> list:
-    out = []
-    for u in n.users:
-        out += _readers(u) if u.op == "call_function" and u.target in _ORDER_KEEPING_VIEWS else [u]
-    return out
-
-
-def _is_pointwise(u: torch.fx.Node) -> bool:
-    return u.op == "call_function" and torch.Tag.pointwise in getattr(u.target, "tags", ())
-
-
 def _epilogue_share(n: torch.fx.Node) -> float:
     """How much of the product's write and re-read a fused epilogue saves (ProductSpec.epilogue_share)."""
-    readers = _readers(n)
-    pointwise = [u for u in readers if _is_pointwise(u)]
+    found = readers(n)
+    pointwise = [u for u in found if is_pointwise(u)]
     if not pointwise:
         return 0.0
-    return 1.0 if len(pointwise) == len(readers) else 0.5
+    return 1.0 if len(pointwise) == len(found) else 0.5
 
 
 EPILOGUE_SKETCH_NODES = 16      # pointwise nodes a sketch follows from the product
@@ -216,8 +204,8 @@ def _epilogue_sketch(n: torch.fx.Node) -> tuple:
     numel = n.meta["val"].numel()
     chain, frontier, sketch = {n}, [n], []
     while frontier and len(chain) <= EPILOGUE_SKETCH_NODES:
-        for u in _readers(frontier.pop(0)):
-            if u in chain or not _is_pointwise(u):
+        for u in readers(frontier.pop(0)):
+            if u in chain or not is_pointwise(u):
                 continue
             chain.add(u)
             frontier.append(u)
@@ -232,7 +220,7 @@ def _epilogue_sketch(n: torch.fx.Node) -> tuple:
 
 
 def _view_base(a: torch.fx.Node) -> torch.fx.Node:
-    while a.op == "call_function" and a.target in _ORDER_KEEPING_VIEWS:
+    while a.op == "call_function" and a.target in RESHAPES:
         a = a.args[0]
     return a
 

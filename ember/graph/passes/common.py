@@ -15,6 +15,23 @@ VIEW_OPS = frozenset({
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default, aten.squeeze.default,
     aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default, aten.alias.default})
 
+# views through which a value's elements keep their order (a pointwise reader behind them reads the
+# same elements): what passes and the product lowering look through to find a value's readers
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def readers(node: torch.fx.Node, through=RESHAPES) -> list:
+    """The nodes that read node, directly or through views whose op is in `through` (the views left out)."""
+    out = []
+    for u in node.users:
+        out += readers(u, through) if u.op == "call_function" and u.target in through else [u]
+    return out
+
+
+def is_pointwise(node: torch.fx.Node) -> bool:
+    """Is node an elementwise op (ATen's pointwise tag)?"""
+    return node.op == "call_function" and torch.Tag.pointwise in getattr(node.target, "tags", ())
+
 
 def returns_fresh_memory(op) -> bool:
     """Per the op's schema, none of its results is a view of an argument (`Tensor(a)`). Ops with no schema

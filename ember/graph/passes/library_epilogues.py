@@ -24,11 +24,10 @@ import torch.fx
 
 from ...device import backend_for
 from ..pattern import Pattern
-from .common import VIEW_OPS, call_op
+from .common import RESHAPES, VIEW_OPS, call_op, is_pointwise, readers
 
 aten = torch.ops.aten
 
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -62,7 +61,7 @@ def _product_under(x: torch.fx.Node, inside: set):
     if not set(x.users) <= inside:
         return None
     reshapes = []
-    while x.op == "call_function" and x.target in _RESHAPES:
+    while x.op == "call_function" and x.target in RESHAPES:
         reshapes.append(x)
         x = x.args[0]
         if not isinstance(x, torch.fx.Node) or len(x.users) != 1:
@@ -70,19 +69,6 @@ def _product_under(x: torch.fx.Node, inside: set):
     if x.op != "call_function" or x.target is not aten.addmm.default or x.kwargs or len(x.args) != 3:
         return None
     return x, reshapes[::-1]
-
-
-def _read_pointwise(n: torch.fx.Node) -> bool:
-    """Does a pointwise op (ATen's pointwise tag) read n, directly or through views?"""
-    for u in n.users:
-        if u.op != "call_function":
-            continue
-        if u.target in VIEW_OPS:
-            if _read_pointwise(u):
-                return True
-        elif isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags:
-            return True
-    return False
 
 
 def _library_fuses(product: torch.fx.Node, kind: str) -> bool:
@@ -93,10 +79,9 @@ def _library_fuses(product: torch.fx.Node, kind: str) -> bool:
     backend = backend_for(out.device)
     if kind not in backend.library_bias_activations or a.dim() != 2 or b.dim() != 2 or bias.dim() != 1:
         return False
-    sizes = (*a.shape, b.shape[1])
-    if not all(isinstance(s, int) and s > 1 for s in sizes):      # cuBLASLt's epilogue wants M, K, N > 1
+    (m, k), n = a.shape, b.shape[1]
+    if not all(isinstance(s, int) and s > 1 for s in (m, k, n)):      # cuBLASLt's epilogue wants M, K, N > 1
         return False
-    (_, k), n = a.shape, b.shape[1]
     aligned = backend.matmul_alignment // out.element_size() or 1
     return bias.dtype == out.dtype and bias.shape[0] == n and bias.stride() == (1,) and \
         a.dtype == b.dtype == out.dtype and k % aligned == 0 and n % aligned == 0
@@ -107,7 +92,7 @@ def fuse_bias_activations(gm: torch.fx.GraphModule) -> None:
     fused = False
     for act, x, inside, kind in _activations(gm):
         found = _product_under(x, inside)
-        if found is None or _read_pointwise(act):
+        if found is None or any(is_pointwise(u) for u in readers(act, VIEW_OPS)):
             continue
         product, reshapes = found
         if not _library_fuses(product, kind):

@@ -19,8 +19,8 @@ from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
 from .inplace_collectives import reinplace_all_reduces
+from .common import VIEW_OPS, call_op, dead_code_elimination, is_pointwise, readers, run_passes
 from .library_epilogues import fuse_bias_activations
-from .common import VIEW_OPS, call_op, dead_code_elimination, run_passes
 from .conv_layout import plan_conv_layouts
 
 aten = torch.ops.aten
@@ -174,20 +174,10 @@ online_softmax_stats = Pattern(_softmax_rows, _softmax_rows_online, [torch.randn
 
 # -- a matmul's bias added where its result is read -----------------------------------------------------
 
-_VIEWS_OF_ROWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
 def _feeds_pointwise_only(node) -> bool:
     """Do all of node's readers (through reshapes) compute elementwise (ATen's pointwise tag)?"""
-    for u in node.users:
-        if u.op != "call_function":
-            return False
-        if u.target in _VIEWS_OF_ROWS:
-            if not _feeds_pointwise_only(u):
-                return False
-        elif not (isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags):
-            return False
-    return bool(node.users)
+    found = readers(node)
+    return bool(found) and all(is_pointwise(u) for u in found)
 
 
 def _addmm(bias, a, b):
