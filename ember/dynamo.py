@@ -17,6 +17,7 @@ from .graph.passes import pre_grad
 from .graph.passes.partition import partition
 from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
 from .runtime import head_logits, source_keys, whole_graph_cache
+from .runtime.compile_start import call_at_compile_start
 from .runtime.gc_pause import gc_paused
 
 log = logging.getLogger("ember")
@@ -58,6 +59,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates in ("matvec", "epilogues") \
         else {}
     source_keys.start()         # if Dynamo's start callback did not (a `torch._dynamo.reset()` removes it)
+    _install_start_callback()
     _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
         return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
@@ -125,8 +127,28 @@ def _compile_passed_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
     return compiled
 
 
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _on_dynamo_compile_start(args) -> None:
+    """Dynamo starts to compile a frame: on a machine with a GPU, warm its kernel backend up now (the compile
+    workers' zygote then imports while Dynamo traces, seconds before the graph reaches ember). Dynamo does
+    not say for which backend; in a process that imported ember it is most likely ember."""
+    try:
+        if _has_gpu():
+            backend_for("cuda").warm_up()
+    except Exception as e:    # noqa: BLE001 - the graph's own compile warms its backend up
+        log.debug("ember: no warm-up at Dynamo's compile start: %s", e)
+
+
+def _install_start_callback() -> None:
+    call_at_compile_start(_on_dynamo_compile_start)
+
+
 def register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
     source_keys.install()
+    _install_start_callback()

@@ -8,16 +8,19 @@ processes (`compile_worker.py`), which run Triton's own warm-up with the argumen
 first launch computes. The launches then load binaries instead of compiling them. A worker that fails
 changes nothing but speed: the launch compiles the kernel itself and reports any error as before.
 
-Workers start when AOTAutograd begins to trace a graph with GPU tensors (`TritonBackend.prepare`), or at
-the latest when the first GPU kernel is generated (`start()`), in the background, and live until exit. Each
-imports torch and Triton's compiler before it says it is ready, so that boot overlaps the trace. `config.compile_workers` sets their number (0 or 1: compile at first launch, in process). Jobs that
-all compiled once leave a marker in ember's cache (named by the jobs, Triton's version and its cache
-directory): a later process loading the same kernels (a warm start from the graph cache) sends nothing
-and starts no workers. The marker (checksummed) holds what the workers said of each binary (its file in
-Triton's cache and that file's SHA-256, function name, warps, shared memory, parameter layout:
-`static_launch.binary_facts`): that process's
-Launchers load each binary with torch's C launcher at its first launch, without Triton's JIT
-(runtime/launch.py), where the call is the one the binary was built for.
+The workers are forked from one process, the zygote, which imports torch and Triton's compiler once
+(`boot()`): on a 16-core H200 host one process took 4.2 s to import them, and 15 workers importing them at
+once 6.3 s, slowing the parent's trace beside them. The zygote boots when Dynamo starts to compile on a
+machine with a GPU, or when a graph with GPU tensors reaches ember (`TritonBackend.warm_up`); the workers
+are forked when AOTAutograd begins to trace such a graph (`TritonBackend.prepare`), or at the latest when
+the first GPU kernel is generated (`start()`), and live until exit. `config.compile_workers` sets their
+number (0 or 1: compile at first launch, in process). Jobs that all compiled once leave a marker in ember's
+cache (named by the jobs, Triton's version and its cache directory): a later process loading the same
+kernels (a warm start from the graph cache) sends nothing and starts no workers. The marker (checksummed)
+holds what the workers said of each binary (its file in Triton's cache and that file's SHA-256, function
+name, warps, shared memory, parameter layout: `static_launch.binary_facts`): that process's Launchers load
+each binary with torch's C launcher at its first launch, without Triton's JIT (runtime/launch.py), where
+the call is the one the binary was built for.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ import logging
 import os
 import pickle
 import select
+import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -40,6 +45,7 @@ from .compile_profile import kernels_compiled
 
 log = logging.getLogger("ember")
 JOB_TIMEOUT_S = 600.0      # one (kernel, config) compile; Triton takes seconds, autotuned giants a minute
+BOOT_TIMEOUT_S = 300.0     # a worker's first word: the zygote's imports take seconds
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 
 
@@ -50,44 +56,102 @@ class WarmSpec:
     configs: list        # launch metas to compile: the kernel's one config, or every autotuning candidate
 
 
-class _Process:
-    def __init__(self):
-        # the interpreter's kernels compile nothing: workers always run real Triton
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        self.proc = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                     stderr=None if os.environ.get("EMBER_COMPILE_WORKER_LOG") else subprocess.DEVNULL)
-        self.ready = False
+def _worker_env() -> dict:
+    # the interpreter's kernels compile nothing: workers always run real Triton
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
-    def _read(self, timeout: float | None = None):
+
+def _worker_stderr():
+    return None if os.environ.get("EMBER_COMPILE_WORKER_LOG") else subprocess.DEVNULL
+
+
+def forks_workers() -> bool:
+    """Whether workers can be forked from a zygote (Unix: fork, and descriptors passed over a socket)."""
+    return hasattr(os, "fork") and hasattr(socket, "send_fds")
+
+
+class _Zygote:
+    """The process the workers are forked from (compile_worker.serve_forks), past its imports."""
+
+    def __init__(self):
+        self.requests, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, WORKER, "--zygote"], stdin=theirs, stdout=subprocess.DEVNULL,
+                                     stderr=_worker_stderr(), env=_worker_env())
+        theirs.close()
+        self.lock = threading.Lock()
+
+    def fork(self):
+        """A new worker: (the file its jobs are written to, the file its answers are read from). It is forked
+        once the zygote has booted; until then the request waits in the socket."""
+        job_r, job_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        try:
+            with self.lock:
+                socket.send_fds(self.requests, [b"w"], [job_r, answer_w])
+        finally:                  # the zygote holds its own copies now (or died: the worker reads as exited)
+            os.close(job_r)
+            os.close(answer_w)
+        return os.fdopen(job_w, "wb"), os.fdopen(answer_r, "rb")
+
+    def close(self) -> None:
+        # the zygote returns at the end of its socket; each forked worker at the end of its job pipe
+        self.requests.close()
+
+
+class _Process:
+    """One worker, as its two pipes; forked from `zygote`, or a process of its own without one."""
+
+    def __init__(self, zygote: _Zygote | None = None):
+        self.proc = None
+        if zygote is not None:
+            self.stdin, self.stdout = zygote.fork()
+        else:
+            self.proc = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         env=_worker_env(), stderr=_worker_stderr())
+            self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.pid = None           # said by the worker when it is ready
+
+    def kill(self) -> None:
+        try:
+            if self.pid is not None:
+                os.kill(self.pid, signal.SIGKILL)
+            elif self.proc is not None:
+                self.proc.kill()
+        except OSError:
+            pass
+
+    def _read(self, timeout: float):
         # a worker stuck on one kernel (never seen, but a hang would stop the user's program) is killed
         # after `timeout` seconds: its jobs then fail, and their kernels compile at their first launch
-        if timeout is not None and not select.select([self.proc.stdout], [], [], timeout)[0]:
-            self.proc.kill()
-            raise RuntimeError(f"ember compile worker took longer than {timeout:.0f} s on one kernel; stopped")
-        head = self.proc.stdout.read(4)
+        if not select.select([self.stdout], [], [], timeout)[0]:
+            self.kill()
+            what = "on one kernel" if self.pid is not None else "to start"
+            raise RuntimeError(f"ember compile worker took longer than {timeout:.0f} s {what}; stopped")
+        head = self.stdout.read(4)
         if len(head) < 4:
-            raise RuntimeError(f"ember compile worker exited (code {self.proc.poll()})")
-        return pickle.loads(self.proc.stdout.read(struct.unpack("<I", head)[0]))
+            raise RuntimeError("ember compile worker exited")
+        return pickle.loads(self.stdout.read(struct.unpack("<I", head)[0]))
 
     def ask(self, job: dict):
-        if not self.ready:
-            self._read()                  # "ready": the worker has started
-            self.ready = True
+        if self.pid is None:
+            self.pid = self._read(BOOT_TIMEOUT_S)["ready"]
         data = pickle.dumps(job)
-        self.proc.stdin.write(struct.pack("<I", len(data)) + data)
-        self.proc.stdin.flush()
+        self.stdin.write(struct.pack("<I", len(data)) + data)
+        self.stdin.flush()
         return self._read(JOB_TIMEOUT_S)
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except OSError:
             pass
 
 
 class CompilePool:
-    def __init__(self, n: int):
-        self.workers = [_Process() for _ in range(n)]
+    def __init__(self, n: int, zygote: _Zygote | None = None):
+        """`n` workers, forked from `zygote` (a new one where none is given and forking is supported)."""
+        self.zygote = zygote if zygote is not None or not forks_workers() else _Zygote()
+        self.workers = [_Process(self.zygote) for _ in range(n)]
         self.free = list(self.workers)
         self.lock = threading.Condition()
         self.threads = ThreadPoolExecutor(n, thread_name_prefix="ember-compile")
@@ -126,14 +190,23 @@ class CompilePool:
     def close(self) -> None:
         for w in self.workers:
             w.close()
+        if self.zygote is not None:
+            self.zygote.close()
         self.threads.shutdown(wait=False)
 
 
 _pool: list = []          # the process's one pool, once started (a process-wide resource, see state.py)
+_zygote: list = []        # the process's zygote, booted ahead of the pool
 
 
 def _workers() -> int:
     return config.compile_workers if config.compile_workers is not None else min(16, os.cpu_count() or 1)
+
+
+def boot() -> None:
+    """Start the process's zygote, once, where workers will be forked (it imports in the background)."""
+    if not _zygote and not _pool and _workers() >= 2 and forks_workers():
+        _zygote.append(_Zygote())
 
 
 def start() -> CompilePool | None:
@@ -141,7 +214,7 @@ def start() -> CompilePool | None:
     if _workers() < 2:
         return None
     if not _pool:
-        _pool.append(CompilePool(_workers()))
+        _pool.append(CompilePool(_workers(), _zygote.pop() if _zygote else None))
         atexit.register(_pool[0].close)
     return None if _pool[0].broken else _pool[0]
 

@@ -1,11 +1,14 @@
 """A compile worker: a separate Python process that compiles Triton kernels into Triton's on-disk cache.
 
-Started by `compile_pool.py` as `python <this file>` (run by path, not `-m ember...`, so the worker does
-not import ember, Dynamo or the user's `__main__`). It reads jobs from stdin and answers on stdout, each a
-length-prefixed pickle. A job names a kernel module file, a kernel in it and the arguments of its future
-launch; the worker runs Triton's own `JITFunction.warmup` with those, which compiles exactly the binary
-the parent's first launch will look up, under the same cache key, and leaves it in the cache. It answers
-with what launching each binary takes (`static_launch.binary_facts`: its file in the cache, function
+Started by `compile_pool.py` as `python <this file> --zygote` (run by path, not `-m ember...`, so it does
+not import ember, Dynamo or the user's `__main__`): that process imports torch and Triton's compiler once
+and then forks a worker for each pair of pipes the parent sends it over its stdin (a Unix socket), so the
+workers start past those imports. (Without fork, `python <this file>` is one worker on stdin and stdout.)
+A worker reads jobs from its job pipe and answers on its answer pipe, each a length-prefixed pickle; its
+first answer says it is ready and gives its pid. A job names a kernel module file, a kernel in it and the
+arguments of its future launch; the worker runs Triton's own `JITFunction.warmup` with those, which
+compiles exactly the binary the parent's first launch will look up, under the same cache key, and leaves
+it in the cache. It answers with what launching each binary takes (`static_launch.binary_facts`: its file in the cache, function
 name, warps, shared memory, parameter layout), so that a later process can load it without the JIT.
 
 The worker never touches the GPU: Triton's driver is told the target (architecture) the parent found,
@@ -14,6 +17,8 @@ and device/stream queries answer 0, so no CUDA context is created per worker.
 import importlib.util
 import os
 import pickle
+import signal
+import socket
 import struct
 import sys
 import traceback
@@ -122,9 +127,9 @@ class Worker:
 
 def _preload() -> None:
     """Do what every job needs (import torch for the jobs' dtypes, Triton and its compiler: seconds; hash
-    Triton's installation for its cache key: a third of a second) before saying "ready": a pool started
-    while AOTAutograd traces (KernelBackend.prepare) is then ready for its first job, which would otherwise
-    pay for it."""
+    Triton's installation for its cache key: a third of a second) once, in the zygote, before any worker is
+    forked: a zygote started while Dynamo traces (KernelBackend.warm_up) has its workers ready for the first
+    jobs, which would otherwise pay for it."""
     try:
         import torch  # noqa: F401
         import triton.compiler.compiler  # noqa: F401
@@ -146,20 +151,54 @@ def _preload() -> None:
             return
 
 
+def run(jobs, answers) -> None:
+    """Answer jobs until the parent closes the job pipe."""
+    worker = Worker()
+    _write(answers, {"ready": os.getpid()})
+    while True:
+        job = _read(jobs)
+        if job is None:
+            return
+        try:
+            _write(answers, {"facts": worker.compile(job)})
+        except Exception:
+            _write(answers, traceback.format_exc(limit=4))
+
+
+def serve_forks(requests: socket.socket) -> None:
+    """The zygote: each message on `requests` carries a worker's two pipe ends (job, answer); fork a worker
+    on them. Returns when the parent closes the socket."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # the kernel reaps the workers; none is waited for
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(requests, 1, 2)
+        except OSError:
+            return
+        if not message:
+            return
+        if len(fds) == 2 and os.fork() == 0:
+            status = 0
+            try:
+                # Triton's compile waits for ptxas: the worker must see its children's exit status
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                requests.close()
+                run(os.fdopen(fds[0], "rb"), os.fdopen(fds[1], "wb"))
+            except BaseException:       # noqa: BLE001 - a broken pipe: the parent sees the worker gone
+                status = 1
+            finally:
+                os._exit(status)
+        for fd in fds:
+            os.close(fd)
+
+
 def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr          # a stray print must not corrupt the answers
     _preload()
-    worker = Worker()
-    _write(stdout, "ready")
-    while True:
-        job = _read(stdin)
-        if job is None:
-            return
-        try:
-            _write(stdout, {"facts": worker.compile(job)})
-        except Exception:
-            _write(stdout, traceback.format_exc(limit=4))
+    if sys.argv[1:] == ["--zygote"]:
+        serve_forks(socket.socket(fileno=stdin.fileno()))
+    else:
+        run(stdin, stdout)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import logging
 import threading
 from typing import Callable, Optional
 
+from .compile_start import call_at_compile_start
+
 log = logging.getLogger("ember")
 _started: list = []
 
@@ -96,9 +98,4 @@ def start() -> None:
 
 def install() -> None:
     """Start the hashing when Dynamo starts its first compile (any backend's: its keys are the same)."""
-    try:
-        from torch._dynamo.callback import callback_handler
-        if _on_compile_start not in callback_handler.start_callbacks:
-            callback_handler.register_start_callback(_on_compile_start)
-    except (ImportError, AttributeError) as e:
-        log.debug("ember: no Dynamo start callback (%s); source keys are hashed when a graph reaches ember", e)
+    call_at_compile_start(_on_compile_start)

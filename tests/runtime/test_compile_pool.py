@@ -187,21 +187,93 @@ def test_a_warm_start_asks_no_workers(monkeypatch, tmp_path):
     assert runs == [3, 3]
 
 
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process `pid` has exited and been reaped within `within_s` seconds."""
+    import time
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_worker_stuck_on_a_kernel_is_stopped_and_the_pool_set_aside(monkeypatch, tmp_path):
     """A worker that never answers must not hang the program: after JOB_TIMEOUT_S its job fails, the
     worker is killed and the pool is marked broken (launches then compile their kernels themselves)."""
-    stuck = tmp_path / "stuck_worker.py"
-    stuck.write_text("import pickle, struct, sys, time\n"
-                     "d = pickle.dumps('ready'); sys.stdout.buffer.write(struct.pack('<I', len(d)) + d)\n"
-                     "sys.stdout.buffer.flush(); time.sleep(60)\n")
-    monkeypatch.setattr(compile_pool, "WORKER", str(stuck))
+    pytest.importorskip("triton.backends.compiler")
+    stuck = tmp_path / "stuck_kernels.py"
+    stuck.write_text("import time\ntime.sleep(60)\n")         # a kernel module whose import never ends
     monkeypatch.setattr(compile_pool, "JOB_TIMEOUT_S", 0.5)
     pool = compile_pool.CompilePool(2)
     try:
-        errors = pool.run([{"kernel": "k0"}, {"kernel": "k1"}])
-        assert len(errors) == 2 and all("longer than" in e for e in errors), errors
+        job = {"path": str(stuck), "helpers": str(stuck), "target": ("cuda", 90, 32), "args": [], "configs": [{}]}
+        errors = pool.run([dict(job, kernel="k0"), dict(job, kernel="k1")])
+        assert len(errors) == 2 and all("longer than 0 s on one kernel" in e for e in errors), errors
         assert pool.broken
-        assert all(w.proc.wait(timeout=5) is not None for w in pool.workers)     # killed, not left running
+        assert all(w.pid is not None and _gone(w.pid) for w in pool.workers)     # killed, not left running
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not compile_pool.forks_workers(), reason="workers are forked only where fork is")
+def test_workers_are_forked_from_one_zygote():
+    """The workers are children of one process that imported torch and Triton once; each answers as a
+    process of its own; closing the pool ends them and the zygote."""
+    pytest.importorskip("triton.backends.compiler")
+    pool = compile_pool.CompilePool(3)
+    try:
+        zygote = pool.zygote.proc.pid
+        # a job on a missing module answers with its error: every worker is up and answering
+        errors = pool.run([{"path": "/nonexistent.py", "helpers": "/nonexistent.py", "kernel": "k",
+                            "target": ("cuda", 90, 32), "args": [], "configs": [{}]}] * 3)
+        assert len(errors) == 3 and all("nonexistent" in e for e in errors)
+        pids = {w.pid for w in pool.workers if w.pid is not None}
+        assert pids and zygote not in pids
+        if os.path.exists(f"/proc/{zygote}"):
+            for pid in pids:
+                status = open(f"/proc/{pid}/status").read()
+                assert f"PPid:\t{zygote}\n" in status
+    finally:
+        pool.close()
+    assert pool.zygote.proc.wait(timeout=10) == 0
+    assert all(_gone(pid) for pid in pids)
+
+
+@pytest.mark.skipif(not compile_pool.forks_workers(), reason="workers are forked only where fork is")
+def test_a_zygote_that_died_leaves_the_pool_set_aside():
+    """If the zygote dies before it forks, the workers read as exited: their jobs fail at once (no hang)
+    and the pool is set aside, so kernels compile at their first launch."""
+    pool = compile_pool.CompilePool(2)
+    try:
+        pool.zygote.proc.kill()
+        pool.zygote.proc.wait(timeout=10)
+        errors = pool.run([{"kernel": "k0"}, {"kernel": "k1"}])
+        assert len(errors) == 2 and all("exited" in e for e in errors), errors
+        assert pool.broken
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not compile_pool.forks_workers(), reason="workers are forked only where fork is")
+def test_the_pool_forks_from_the_zygote_booted_ahead(monkeypatch):
+    """boot() starts the process's zygote once (Dynamo's compile start on a GPU machine); the pool started
+    later forks its workers from that one."""
+    monkeypatch.setattr(compile_pool, "_pool", [])
+    monkeypatch.setattr(compile_pool, "_zygote", [])
+    monkeypatch.setattr(compile_pool.atexit, "register", lambda fn: None)
+    with ember.config.patch(compile_workers=2):
+        compile_pool.boot()
+        compile_pool.boot()
+        assert len(compile_pool._zygote) == 1
+        booted = compile_pool._zygote[0]
+        pool = compile_pool.start()
+    try:
+        assert pool is not None and pool.zygote is booted and not compile_pool._zygote
+        compile_pool.boot()                     # a pool is running: nothing more to boot
+        assert not compile_pool._zygote
     finally:
         pool.close()
 
@@ -408,3 +480,39 @@ def test_a_damaged_marker_gives_no_binaries(tmp_path):
     assert compile_pool._read_marker(path) == {}
     open(path, "wb").write(data.replace(b"k0.cubin", b"k1.cubin"))
     assert compile_pool._read_marker(path) == {}
+
+
+def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch):
+    """On a machine with a GPU, the GPU backend warms up (the compile workers' zygote boots) when Dynamo
+    starts to compile, before the graph reaches any backend; the callback comes back after a reset."""
+    from torch._dynamo.callback import callback_handler
+    from ember import dynamo
+    warmed = []
+
+    class GPUBackend:
+        def warm_up(self):
+            warmed.append("cuda")
+    monkeypatch.setattr(dynamo, "_has_gpu", lambda: True)
+    monkeypatch.setattr(dynamo, "backend_for", lambda device: GPUBackend() if device == "cuda" else None)
+    torch._dynamo.reset()
+    assert dynamo._on_dynamo_compile_start not in callback_handler.start_callbacks
+    dynamo._install_start_callback()         # what ember's import and each graph reaching ember do
+    dynamo._install_start_callback()
+    assert callback_handler.start_callbacks.count(dynamo._on_dynamo_compile_start) == 1
+
+    def backend(gm, example_inputs):
+        assert warmed == ["cuda"], "warmed up before the graph reached a backend"
+        return gm
+    torch.compile(lambda x: x * 2, backend=backend)(torch.randn(3))
+    assert warmed == ["cuda"]
+    torch._dynamo.reset()
+
+
+def test_the_triton_backend_boots_the_zygote_in_warm_up(monkeypatch):
+    """warm_up boots the zygote; the interpreter (which compiles nothing) does not."""
+    from ember.codegen.triton.backend import TritonBackend
+    booted = []
+    monkeypatch.setattr(compile_pool, "boot", lambda: booted.append(1))
+    TritonBackend(interpret=False).warm_up()
+    TritonBackend(interpret=True).warm_up()
+    assert booted == [1]

@@ -82,9 +82,14 @@ class TritonBackend(KernelBackend):
         """Record how each kernel will be launched (its WarmSpec), for the compile pool to build ahead."""
         return not self.interpreted
 
+    def warm_up(self) -> None:
+        # the zygote the compile workers fork from imports torch and Triton for seconds: it boots while
+        # Dynamo and AOTAutograd trace
+        if not self.interpreted:
+            compile_pool.boot()
+
     def prepare(self) -> None:
-        # the workers import torch and Triton, seconds each: they boot during AOTAutograd's trace
-        # and partition, not after the first kernel is generated
+        # the workers fork while AOTAutograd traces and partitions, not after the first kernel is generated
         if not self.interpreted:
             compile_pool.start()
 
