@@ -2,11 +2,14 @@
 and one training step's loss and parameter gradients (float32), with ember's counters of what ran eagerly.
 
     PYTHONPATH=<transformers> python -m experiments.hf_model_sweep [--models gpt2,t5] [--modes infer,train]
+                                                                   [--dynamic]
 
 Each model is built from its config class with 2 layers, hidden size 64 (where the config has those
 fields), random weights (seed 0), batch 2 x 16 tokens (or the modality's input). One line per model and
 mode: max |ember - eager| of the output (or loss) and over the gradients relative to the largest gradient,
 eager fallbacks (whole graphs run eagerly), ATen fallbacks (ops ember did not lower), Dynamo graphs.
+--dynamic compiles with `dynamic=True` and calls the model with two more batch and sequence sizes (images:
+batch sizes), each compared with eager; the line reports the largest differences over the calls.
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ IMAGE_CONFIG = dict(image_size=32, patch_size=8, num_channels=3, embed_dim=32, d
                     window_size=4, hidden_sizes=[16, 32], depths_convnext=[1, 1], num_labels=10)
 
 
-def build(name: str):
+def build(name: str, batch: int = 2, length: int = 16):
     import transformers
     cfg_name, model_name, kind = MODELS[name]
     cfg_cls = getattr(transformers, cfg_name)
@@ -89,16 +92,16 @@ def build(name: str):
     model = getattr(transformers, model_name)(cfg)
     g = torch.Generator().manual_seed(1)
     if kind == "tokens":
-        ids = torch.randint(0, 1000, (2, 16), generator=g)
+        ids = torch.randint(0, 1000, (batch, length), generator=g)
         return model, {"input_ids": ids, "labels": ids}
     if kind == "seq2seq":
-        ids = torch.randint(0, 1000, (2, 16), generator=g)
-        return model, {"input_ids": ids, "labels": torch.randint(0, 1000, (2, 12), generator=g)}
+        ids = torch.randint(0, 1000, (batch, length), generator=g)
+        return model, {"input_ids": ids, "labels": torch.randint(0, 1000, (batch, length - 4), generator=g)}
     if kind == "image":
-        x = torch.randn(2, 3, 32, 32, generator=g)
-        return model, ({"pixel_values": x, "labels": torch.randint(0, 10, (2,), generator=g)}
+        x = torch.randn(batch, 3, 32, 32, generator=g)
+        return model, ({"pixel_values": x, "labels": torch.randint(0, 10, (batch,), generator=g)}
                        if "Classification" in model_name else {"pixel_values": x})
-    return model, {"input_values": torch.randn(2, 1600, generator=g)}
+    return model, {"input_values": torch.randn(batch, 100 * length, generator=g)}
 
 
 def _output(out):
@@ -108,7 +111,11 @@ def _output(out):
     return t.float().pow(2).mean()
 
 
-def run(name: str, mode: str) -> str:
+# (batch, sequence length) of the calls after the first under --dynamic
+DYNAMIC_SIZES = [(3, 23), (5, 37)]
+
+
+def run(name: str, mode: str, dynamic: bool = False) -> str:
     model, inputs = build(name)
     model.train(mode == "train")
     if mode == "train":   # dropout off: eager and ember must draw the same masks otherwise
@@ -118,39 +125,53 @@ def run(name: str, mode: str) -> str:
     ours = copy.deepcopy(model)
     ember.metrics.reset()
     torch._dynamo.reset()
-    compiled = torch.compile(ours, backend="ember")
+    compiled = torch.compile(ours, backend="ember", dynamic=True if dynamic else None)
+    calls = [inputs] + ([build(name, b, n)[1] for b, n in DYNAMIC_SIZES] if dynamic else [])
+    worst = [0.0, 0.0, 0]
+    for call in calls:
+        for d, w in zip(_compare(model, ours, compiled, call, mode), range(3)):
+            worst[w] = max(worst[w], d)
+    if mode == "infer":
+        detail = f"out max|diff| {worst[0]:.2e} (of {worst[1]:.2e})"
+    else:
+        detail = f"loss |diff| {worst[0]:.2e}, grad max|diff|/max {worst[1]:.2e}" + \
+            (f", {worst[2]} grads missing" if worst[2] else "")
+    m = ember.metrics
+    return f"{detail}; eager fallbacks {m.eager_fallbacks}, aten fallbacks {dict(m.fallbacks)}, " \
+           f"graphs {m.graphs_compiled}"
+
+
+def _compare(model, ours, compiled, inputs, mode: str) -> tuple:
+    """One call of eager and of the compiled copy: inference (max |diff|, max |eager|, 0); training (loss
+    |diff|, gradients' max |diff| relative to the largest gradient, gradients present on one side only)."""
     if mode == "infer":
         with torch.no_grad():
             e, c = model(**inputs), compiled(**inputs)
         key = "logits" if getattr(e, "logits", None) is not None else "last_hidden_state"
-        diff = (getattr(e, key) - getattr(c, key)).abs().max().item()
-        scale = getattr(e, key).abs().max().item()
-        detail = f"out max|diff| {diff:.2e} (of {scale:.2e})"
-    else:
-        le, lc = _output(model(**inputs)), _output(compiled(**inputs))
-        le.backward()
-        lc.backward()
-        gmax = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
-        gdiff = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ours.parameters())
-                    if p.grad is not None and q.grad is not None)
-        missing = sum((p.grad is None) != (q.grad is None) for p, q in zip(model.parameters(), ours.parameters()))
-        detail = f"loss |diff| {abs(le.item() - lc.item()):.2e}, grad max|diff|/max {gdiff / gmax:.2e}" + \
-            (f", {missing} grads missing" if missing else "")
-    m = ember.metrics
-    return f"{detail}; eager fallbacks {m.eager_fallbacks}, aten fallbacks {dict(m.fallbacks)}, " \
-           f"graphs {m.graphs_compiled}"
+        return (getattr(e, key) - getattr(c, key)).abs().max().item(), getattr(e, key).abs().max().item(), 0
+    model.zero_grad(set_to_none=True)
+    ours.zero_grad(set_to_none=True)
+    le, lc = _output(model(**inputs)), _output(compiled(**inputs))
+    le.backward()
+    lc.backward()
+    gmax = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
+    gdiff = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), ours.parameters())
+                if p.grad is not None and q.grad is not None)
+    missing = sum((p.grad is None) != (q.grad is None) for p, q in zip(model.parameters(), ours.parameters()))
+    return abs(le.item() - lc.item()), gdiff / gmax, missing
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--modes", default="infer,train")
+    p.add_argument("--dynamic", action="store_true")
     a = p.parse_args(argv)
     importlib.import_module("transformers")
     for name in a.models.split(","):
         for mode in a.modes.split(","):
             try:
-                line = run(name, mode)
+                line = run(name, mode, a.dynamic)
             except Exception as e:                  # noqa: BLE001 - a sweep reports and goes on
                 line = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}\n" + \
                     "".join(traceback.format_exc(limit=-3).splitlines(True)[-6:])

@@ -8,8 +8,9 @@ A worker reads jobs from its job pipe and answers on its answer pipe, each a len
 first answer says it is ready and gives its pid. A job names a kernel module file, a kernel in it and the
 arguments of its future launch; the worker runs Triton's own `JITFunction.warmup` with those, which
 compiles exactly the binary the parent's first launch will look up, under the same cache key, and leaves
-it in the cache. It answers with what launching each binary takes (`static_launch.binary_facts`: its file in the cache, function
-name, warps, shared memory, parameter layout), so that a later process can load it without the JIT.
+it in the cache. It answers with what launching each binary takes (`static_launch.binary_facts`: its file
+in the cache, function name, warps, shared memory, parameter layout), so that a later process can load it
+without the JIT.
 
 The worker never touches the GPU: Triton's driver is told the target (architecture) the parent found,
 and device/stream queries answer 0, so no CUDA context is created per worker.
