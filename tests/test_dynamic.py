@@ -389,3 +389,47 @@ def test_nonzero_then_compute():
             m[0] = True
             run_and_compare(fn, compiled, torch.randn(n, 4), m, rtol=1e-4, atol=1e-5, what=f"n={n}")
     assert_compiles(counter, 1)
+
+
+# --- (8) slice and select bounds counted from the end ---------------------------------------------------------
+
+
+@torch.no_grad()
+def test_slice_from_the_end_by_a_symbolic_length():
+    # T5's attention: position_bias[:, :, -seq_length:, :], where Dynamo passes the start as -s0
+    def fn(bias, h):
+        n = h.shape[1]
+        return bias[:, :, -n:, :] * 2 + 1, bias[:, :, :-n + 1].sum(-1)
+    compiled, counter = compile_counted(fn)
+    for n in (16, 23, 37):
+        run_and_compare(fn, compiled, torch.randn(1, 4, n, n), torch.randn(2, n, 8), what=f"n={n}")
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_slice_from_the_end_longer_than_the_dim():
+    # -k with k > the dim's size clamps to 0: x[-k:] is all of x
+    def fn(x, y):
+        return x[-y.shape[0]:] * 3
+    compiled, _ = compile_counted(fn)
+    for n, k in ((4, 9), (6, 11), (5, 3)):
+        run_and_compare(fn, compiled, torch.randn(n, 3), torch.randn(k), what=f"n={n}, k={k}")
+
+
+@torch.no_grad()
+def test_select_from_the_end_by_a_symbolic_index():
+    def fn(x, h):
+        return x.select(1, -h.shape[0]) * 2
+    compiled, counter = compile_counted(fn)
+    for n, k in ((8, 3), (12, 5), (9, 9)):
+        run_and_compare(fn, compiled, torch.randn(2, n), torch.randn(k), what=f"n={n}, k={k}")
+
+
+@torch.no_grad()
+def test_slice_by_a_constant_past_a_symbolic_dim():
+    # x[:, :12] of a dim of symbolic size: 12 or all of a shorter dim
+    def fn(x):
+        return x[:, :12] + 1
+    compiled, _ = compile_counted(fn)
+    for n in (5, 20, 7, 30):
+        run_and_compare(fn, compiled, torch.randn(3, n), what=f"n={n}")

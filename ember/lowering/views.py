@@ -241,17 +241,20 @@ def _slice_exact(x, dim, start, end):
 
 
 def _clamp_index(i, size):
+    """A slice bound as torch reads it: a negative one counts from the end, then it is clamped to [0, size]."""
     i, size = sympify(i), sympify(size)
     if i.is_Integer and size.is_Integer:
         v, n = int(i), int(size)
         if v < 0:
             v += n
         return sympy.Integer(min(max(v, 0), n))
-    if i.is_Integer and int(i) < 0:
-        return size + i
     if i.is_Integer and int(i) >= 2 ** 62:
         return size
-    return settle_min_max(sympy.Min(i, size)) if not i.is_Integer else i
+    if i.is_nonnegative:
+        return settle_min_max(sympy.Min(i, size))
+    if i.is_negative:               # x[-n:] with n a symbol: Dynamo passes -s0
+        return settle_min_max(sympy.Max(sympy.Integer(0), size + i))
+    raise Unsupported(f"a slice bound of unknown sign ({i})")
 
 
 @lower(aten.select.int)
@@ -259,8 +262,10 @@ def select(x, dim, index):
     n = x.dim()
     dim = _dim(dim, n)
     index = sympify(index)
-    if index.is_Integer and int(index) < 0:
+    if index.is_negative:           # counts from the end (an int, or a symbolic index Dynamo knows is negative)
         index = x.get_size()[dim] + index
+    elif not index.is_nonnegative:
+        raise Unsupported(f"a select index of unknown sign ({index})")
     size = [s for i, s in enumerate(x.get_size()) if i != dim]
 
     def layout_fn(l):
