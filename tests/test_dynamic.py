@@ -433,3 +433,29 @@ def test_slice_by_a_constant_past_a_symbolic_dim():
     compiled, _ = compile_counted(fn)
     for n in (5, 20, 7, 30):
         run_and_compare(fn, compiled, torch.randn(3, n), what=f"n={n}")
+
+
+@torch.no_grad()
+def test_as_strided_of_a_computed_value_with_a_symbolic_batch():
+    # Swin's pooled features: as_strided(mean, (b, 64, 1, 1), (64, 1, 64, 64)) compiles for every batch size
+    lin = nn.Linear(7, 64)
+
+    def fn(x):
+        m = lin(x).mean(1)
+        return torch.as_strided(m, (m.shape[0], 64, 1, 1), (64, 1, 64, 64)) * 2
+    compiled, counter = compile_counted(fn)
+    for b in (3, 5, 8):
+        run_and_compare(fn, compiled, torch.randn(b, 5, 7), rtol=1e-5, atol=1e-6, what=f"b={b}")
+    assert_compiles(counter, 1)
+
+
+@torch.no_grad()
+def test_as_strided_past_what_the_sizes_promise_stays_right():
+    # the view's last element is within the value only where s1 >= 64, which no guard says: run eagerly
+    def fn(x):
+        m = x.mean(-1)
+        return torch.as_strided(m, (m.shape[0], 64), (64, 1)) * 2
+    compiled, _ = compile_counted(fn)
+    with ember.config.patch(fallback_on_error=True), pytest.warns(RuntimeWarning, match="as_strided"):
+        run_and_compare(fn, compiled, torch.randn(3, 64, 5), rtol=1e-5, atol=1e-6)
+    assert ember.metrics.eager_fallbacks == 1

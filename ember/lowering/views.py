@@ -407,20 +407,21 @@ def _owns_its_storage(meta) -> bool:
     if not isinstance(meta, torch.Tensor) or not is_dense(meta):
         return False
     try:
-        nbytes, numel = meta.untyped_storage().nbytes(), meta.numel()
+        nbytes, numel = sympify(meta.untyped_storage().nbytes()), sympify(meta.numel())
     except Exception:
         return False
-    return isinstance(nbytes, int) and isinstance(numel, int) and nbytes == numel * meta.element_size()
+    return sympy.expand(nbytes - numel * meta.element_size()) == 0
 
 
 def _within(size, stride, offset, numel) -> bool:
-    try:
-        if any(int(n) == 0 for n in size):
-            return True
-        last = int(offset) + sum((int(n) - 1) * int(st) for n, st in zip(size, stride))
-        return int(offset) >= 0 and all(int(st) >= 0 for st in stride) and last < int(numel)
-    except TypeError:
-        return False
+    """Whether every element the view addresses lies in [0, numel), for every size the graph runs with
+    (sizes are symbols of positive integers: a difference sympy cannot prove non-negative is a no)."""
+    size, stride, offset, numel = [sympify(n) for n in size], [sympify(s) for s in stride], sympify(offset), \
+        sympify(numel)
+    if any(n == 0 for n in size):
+        return True
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    return all(sympy.expand(e).is_nonnegative is True for e in [offset, *stride, numel - 1 - last])
 
 
 @lower(aten.expand_copy.default, aten.permute_copy.default, aten.view_copy.default)
