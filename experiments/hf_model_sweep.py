@@ -129,8 +129,7 @@ def run(name: str, mode: str, dynamic: bool = False) -> str:
     calls = [inputs] + ([build(name, b, n)[1] for b, n in DYNAMIC_SIZES] if dynamic else [])
     worst = [0.0, 0.0, 0]
     for call in calls:
-        for d, w in zip(_compare(model, ours, compiled, call, mode), range(3)):
-            worst[w] = max(worst[w], d)
+        worst = [max(w, d) for w, d in zip(worst, _compare(model, ours, compiled, call, mode))]
     if mode == "infer":
         detail = f"out max|diff| {worst[0]:.2e} (of {worst[1]:.2e})"
     else:
