@@ -151,11 +151,15 @@ class CompilePool:
     def __init__(self, n: int, zygote: _Zygote | None = None):
         """`n` workers, forked from `zygote` (a new one where none is given and forking is supported)."""
         self.zygote = zygote if zygote is not None or not forks_workers() else _Zygote()
-        self.workers = [_Process(self.zygote) for _ in range(n)]
+        self.broken = False
+        try:
+            self.workers = [_Process(self.zygote) for _ in range(n)]
+        except OSError as e:      # a zygote booted ahead died since: kernels compile at their first launch
+            log.debug("ember: no compile workers: %s", e)
+            self.workers, self.broken = [], True
         self.free = list(self.workers)
         self.lock = threading.Condition()
         self.threads = ThreadPoolExecutor(n, thread_name_prefix="ember-compile")
-        self.broken = False
         self.warned = False       # that every job failed: said once
 
     def _ask(self, job: dict):

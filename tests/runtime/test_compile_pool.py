@@ -258,6 +258,21 @@ def test_a_zygote_that_died_leaves_the_pool_set_aside():
 
 
 @pytest.mark.skipif(not compile_pool.forks_workers(), reason="workers are forked only where fork is")
+def test_a_zygote_booted_ahead_that_died_sets_the_pool_aside():
+    """A zygote booted at Dynamo's compile start that is gone when the pool starts (killed, out of memory):
+    starting the pool raises nothing; the pool is set aside, so kernels compile at their first launch."""
+    zygote = compile_pool._Zygote()
+    zygote.proc.kill()
+    zygote.proc.wait(timeout=10)
+    zygote.requests.recv(1)             # the zygote's end is closed: its socket reads as ended
+    pool = compile_pool.CompilePool(2, zygote)
+    try:
+        assert pool.broken and not pool.workers
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not compile_pool.forks_workers(), reason="workers are forked only where fork is")
 def test_the_pool_forks_from_the_zygote_booted_ahead(monkeypatch):
     """boot() starts the process's zygote once (Dynamo's compile start on a GPU machine); the pool started
     later forks its workers from that one."""
