@@ -27,6 +27,9 @@ rebuilds the model from the same seed, resets Dynamo (`torch._dynamo.reset()`) a
 trains `--steps` AdamW steps on the same deterministic random batches (each dp rank its own, the tp ranks of
 a dp rank the same; `--distinct-batches` batches cycled so the loss falls). eager runs first so that the
 compiled backends' losses can be compared with it. The loss reported per step is the mean over ranks.
+`--interleave` builds every backend's model at once instead and trains them step by step in turn, each
+step starting with the next backend: one process's drift (the host's speed varies by up to 1.4x from one
+process to the next on one host) then falls on every backend alike.
 
 Table columns: tokens/s = global tokens per step (batch x seq x dp) / the median step time after `--warmup`
 steps (each step ends with a device sync; the slowest rank's time per step); first call s = step 0
@@ -305,7 +308,28 @@ def ember_counts() -> dict:
             "collective_fallbacks": {op: n for op, n in m.fallbacks.items() if "c10d" in op}}
 
 
-def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, autocast) -> dict:
+class Trainer:
+    """One backend's model, optimizer and batches under one parallel plan, built from the same seed as every
+    other backend's."""
+
+    def __init__(self, parallel: str, backend: str, mesh, args, device, rank: int, world: int):
+        self.parallel, self.backend, self.args, self.device = parallel, backend, args, device
+        self.dp_rank, self.dp_size = dp_coordinates(parallel, mesh, rank, world)
+        torch.manual_seed(args.seed)        # the same full weights on every rank and every run
+        heads = args.heads or max(4, args.dim // 64)
+        base = Llama(args.vocab, args.dim, args.layers, heads, args.hidden or swiglu_hidden(args.dim), args.seq,
+                     args.tie)
+        self.model = parallelize(base.to(device), parallel, mesh, args, backend)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.1)
+        self.opt_step = (torch.compile(self.opt.step, backend=backend)
+                         if args.compile_optimizer and backend != "eager" else None)
+        self.data = batches(args, self.dp_rank, args.steps + (args.profile_steps if args.profile else 0), device)
+
+    def steps(self, data, autocast) -> tuple:
+        return train_steps(self.model, self.opt, data, self.device, autocast, self.opt_step)
+
+
+def fresh_start(device) -> None:
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
@@ -314,29 +338,16 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    dp_rank, dp_size = dp_coordinates(parallel, mesh, rank, world)
 
-    torch.manual_seed(args.seed)        # the same full weights on every rank and every run
-    heads = args.heads or max(4, args.dim // 64)
-    base = Llama(args.vocab, args.dim, args.layers, heads, args.hidden or swiglu_hidden(args.dim), args.seq, args.tie)
-    model = parallelize(base.to(device), parallel, mesh, args, backend)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    opt_step = torch.compile(opt.step, backend=backend) if args.compile_optimizer and backend != "eager" else None
-    data = batches(args, dp_rank, args.steps + (args.profile_steps if args.profile else 0), device)
 
-    sync(device)
-    dist.barrier()
-    if args.sample_host:       # the steps after the warm-up ones sampled (benchmarks/host_sampler.py)
-        losses, seconds, host_seconds = train_steps(model, opt, data[:args.warmup], device, autocast, opt_step)
-        with HostSampler() as sampler:
-            more = train_steps(model, opt, data[args.warmup:args.steps], device, autocast, opt_step)
-        losses, seconds, host_seconds = (a + b for a, b in zip((losses, seconds, host_seconds), more))
-    else:
-        losses, seconds, host_seconds = train_steps(model, opt, data[:args.steps], device, autocast, opt_step)
-    result = {"backend": backend, "parallel": parallel, "compile": args.compile if backend != "eager" else None,
-              "compiled_optimizer": opt_step is not None}
-
-    # the slowest rank per step; the losses averaged over ranks (the tp ranks of a dp rank agree)
+def summarize(trainer: Trainer, losses, seconds, host_seconds, world: int) -> dict:
+    """The run's numbers (agreed over ranks): the slowest rank per step, the losses averaged over ranks (the
+    tp ranks of a dp rank agree), the host's share, the peak, Dynamo's and ember's counts."""
+    from torch._dynamo.utils import counters
+    args, device = trainer.args, trainer.device
+    result = {"backend": trainer.backend, "parallel": trainer.parallel,
+              "compile": args.compile if trainer.backend != "eager" else None,
+              "compiled_optimizer": trainer.opt_step is not None}
     times = torch.tensor(seconds, dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     mean_losses = torch.stack(losses).double()
@@ -349,7 +360,7 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
                         device=device)
     dist.all_reduce(host, op=dist.ReduceOp.MAX)
     result.update(losses=(mean_losses / world).tolist(), step_seconds=times.tolist(), median_step_s=median,
-                  tokens_per_s=args.batch * args.seq * dp_size / median, first_call_s=times[0].item(),
+                  tokens_per_s=args.batch * args.seq * trainer.dp_size / median, first_call_s=times[0].item(),
                   median_host_s=host.item())
     if device.type == "cuda":
         peak = torch.tensor(float(torch.cuda.max_memory_allocated(device)), device=device)
@@ -357,25 +368,59 @@ def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, 
         result["peak_bytes"] = int(peak.item())
     result["graph_breaks"] = sum(counters["graph_break"].values())
     result["dynamo_graphs"] = counters["stats"]["unique_graphs"]
-    if backend == "ember":
+    if trainer.backend == "ember":
         per_rank = [None] * world
         dist.all_gather_object(per_rank, ember_counts())
         result["ember"] = per_rank
         result["ember_no_fallback"] = all(c["eager_fallbacks"] == 0 and c["graphs_compiled"] > 0
                                           and not c["collective_fallbacks"] for c in per_rank)
+    return result
+
+
+def run(parallel: str, backend: str, mesh, args, device, rank: int, world: int, autocast) -> dict:
+    fresh_start(device)
+    trainer = Trainer(parallel, backend, mesh, args, device, rank, world)
+    sync(device)
+    dist.barrier()
+    if args.sample_host:       # the steps after the warm-up ones sampled (benchmarks/host_sampler.py)
+        losses, seconds, host_seconds = trainer.steps(trainer.data[:args.warmup], autocast)
+        with HostSampler() as sampler:
+            more = trainer.steps(trainer.data[args.warmup:args.steps], autocast)
+        losses, seconds, host_seconds = (a + b for a, b in zip((losses, seconds, host_seconds), more))
+    else:
+        losses, seconds, host_seconds = trainer.steps(trainer.data[:args.steps], autocast)
+    result = summarize(trainer, losses, seconds, host_seconds, world)
     if args.sample_host:
         per_rank = [None] * world
         dist.all_gather_object(per_rank, sampler.summary())
         result["host_samples"] = per_rank
     if args.profile and backend in args.profile_backends:
         name = f"trace_{backend}_{parallel}" + (f"_rank{rank}" if rank else "") + ".json"
-        overlap = profiled_steps(model, opt, data[args.steps:], device, autocast, os.path.join(args.out, name),
-                                 opt_step)
+        overlap = profiled_steps(trainer.model, trainer.opt, trainer.data[args.steps:], device, autocast,
+                                 os.path.join(args.out, name), trainer.opt_step)
         per_rank = [None] * world
         dist.all_gather_object(per_rank, overlap)
         result["nccl_overlap"] = per_rank
-    del model, opt, opt_step, base
+    del trainer
     return result
+
+
+def run_interleaved(parallel: str, mesh, args, device, rank: int, world: int, autocast) -> list:
+    """Every backend's model at once, trained step by step in turn (step i starts with backend i mod n), so
+    that what drifts during a process (the host's speed, the allocator's state) falls on every backend alike.
+    One Dynamo cache serves all backends (its entries are per backend); ember's counts and the peak are the
+    process's, not one backend's."""
+    fresh_start(device)
+    trainers = [Trainer(parallel, b, mesh, args, device, rank, world) for b in args.backends]
+    records = {t.backend: ([], [], []) for t in trainers}
+    sync(device)
+    dist.barrier()
+    for i in range(args.steps):
+        for k in range(len(trainers)):
+            t = trainers[(i + k) % len(trainers)]
+            for acc, new in zip(records[t.backend], t.steps(t.data[i:i + 1], autocast)):
+                acc.extend(new)
+    return [dict(summarize(t, *records[t.backend], world), interleaved=True) for t in trainers]
 
 
 # -- trace analysis --------------------------------------------------------------------------------------
@@ -525,6 +570,9 @@ def parse_args(argv=None):
     p.add_argument("--distinct-batches", type=int, default=4)
     p.add_argument("--sample-host", action="store_true",
                    help="sample the main thread's stack over the timed steps: where the host time goes, per rank")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every backend's model at once and train them step by step in turn (one process "
+                        "and one Dynamo cache for all; --profile and --sample-host not with it)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-backends", default="inductor,ember")
     p.add_argument("--profile-steps", type=int, default=3)
@@ -540,6 +588,8 @@ def parse_args(argv=None):
     unknown = set(args.parallel) - {"fsdp", "fsdp_tp"}
     if unknown:
         p.error(f"--parallel: unknown {sorted(unknown)}")
+    if args.interleave and (args.profile or args.sample_host):
+        p.error("--interleave: --profile and --sample-host run one backend at a time; leave --interleave out")
     if args.tie and "fsdp_tp" in args.parallel:
         p.error("--tie: the embedding (rowwise) and the LM head (colwise) shard differently under fsdp_tp")
     return args
@@ -565,26 +615,30 @@ def main(argv=None) -> int:
     for parallel in args.parallel:
         mesh = build_mesh(parallel, args.device, world, args.mesh)
         config.setdefault("meshes", {})[parallel] = list(mesh.shape)
-        for name in args.backends:
+        for name in (["+".join(args.backends)] if args.interleave else args.backends):
             try:
-                result = run(parallel, name, mesh, args, device, rank, world, autocast)
+                new = (run_interleaved(parallel, mesh, args, device, rank, world, autocast) if args.interleave
+                       else [run(parallel, name, mesh, args, device, rank, world, autocast)])
             except Exception:       # noqa: BLE001  the failure is reported and the next run starts
-                result = {"backend": name, "parallel": parallel, "error": traceback.format_exc()}
-                print(f"rank {rank}: {parallel} {name} failed:\n{result['error']}", file=sys.stderr, flush=True)
+                new = [{"backend": name, "parallel": parallel, "error": traceback.format_exc()}]
+                print(f"rank {rank}: {parallel} {name} failed:\n{new[0]['error']}", file=sys.stderr, flush=True)
                 # a failure at compile time is the same on every rank; one that is not leaves a rank waiting
                 # in a collective until the timeout, and then that rank fails too
                 dist.barrier()
-            results.append(result)
+            results.extend(new)
             attach_loss_diffs(results)
-            if rank == 0 and "error" in result:
-                print(f"{parallel} {name}: FAILED ({result['error'].strip().splitlines()[-1]})", flush=True)
-            elif rank == 0:
+            for result in new if rank == 0 else ():
+                name = result["backend"]
+                if "error" in result:
+                    print(f"{parallel} {name}: FAILED ({result['error'].strip().splitlines()[-1]})", flush=True)
+                    continue
                 print(f"{parallel} {name}: {result['tokens_per_s']:.0f} tokens/s, first call "
                       f"{result['first_call_s']:.1f} s, losses {['%.4f' % l for l in result['losses']]}", flush=True)
                 if result.get("ember"):
                     print(f"  ember: {result['ember'][0]}", flush=True)
                 if result.get("nccl_overlap"):
                     print(f"  NCCL overlap per rank: {result['nccl_overlap']}", flush=True)
+            if rank == 0:
                 with open(os.path.join(args.out, "results.json"), "w") as f:
                     json.dump({"config": config, "runs": results}, f, indent=1)
     if rank == 0:

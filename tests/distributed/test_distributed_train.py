@@ -65,3 +65,20 @@ def test_nccl_overlap_counts_compute_on_other_streams_only():
     assert summary["compute_by_kind_us"] == {"gemm": 200, "other": 40}
     assert summary["top_kernels_us"][0][1:] == [100, 1] and summary["span_us"] == 300   # [50, 350]
     assert nccl_overlap({"traceEvents": []})["overlap_fraction"] is None
+
+
+@requires_gloo
+def test_interleaved_backends_train_as_they_do_alone(tmp_path):
+    """--interleave: eager's and ember's models live in one process and take their steps in turn; each still
+    trains on its own batches to the same losses (a step of one must not touch the other's state)."""
+    args = SMOKE[:SMOKE.index("--parallel")] + [
+        "--parallel", "fsdp", "--backends", "eager,ember", "--steps", "3", "--warmup", "1", "--compile", "blocks",
+        "--distinct-batches", "1", "--interleave", "--out", str(tmp_path)]
+    done = run_script(os.path.join(ROOT, "benchmarks", "distributed_train.py"), args)
+    for r, (code, log) in enumerate(done):
+        assert code == 0, f"rank {r}:\n{log[-4000:]}"
+    runs = {run["backend"]: run for run in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert set(runs) == {"eager", "ember"} and all(run.get("interleaved") for run in runs.values()), runs
+    assert runs["ember"]["losses"][1] != runs["eager"]["losses"][0]
+    assert runs["ember"]["max_loss_diff"] < 1e-5, (runs["ember"]["losses"], runs["eager"]["losses"])
+    assert runs["ember"]["ember_no_fallback"], runs["ember"]["ember"]
