@@ -1,13 +1,20 @@
-"""The compiler-toolkit flow with ember: a Llama-style model under tensor parallelism, its joint forward +
-backward graph captured with torch's joint-export API, a user pass run on it, and the forward and backward
-graphs compiled with `ember.compile_graph` (decompositions inside ember), trained for a few steps against
-eager's losses.
+"""The compiler-toolkit flow with ember: a Llama-style model under 2-D parallelism (tensor parallel x data
+parallel on a (dp, tp) device mesh), its joint forward + backward graph captured with torch's joint-export
+API, a user pass run on it, and the forward and backward graphs compiled with `ember.compile_graph`
+(decompositions inside ember), trained for a few steps against eager's losses and parameters.
 
-    torchrun --nproc-per-node 2 examples/parallel_toolkit.py --device cpu     # gloo
+    torchrun --nproc-per-node 2 examples/parallel_toolkit.py --device cpu     # gloo, mesh 1 x 2
     torchrun --nproc-per-node 2 examples/parallel_toolkit.py --device cuda    # NCCL, one GPU per rank
+    torchrun --nproc-per-node 4 examples/parallel_toolkit.py --mesh 2,2       # 2 dp groups of 2 tp ranks
 
-Every rank prints PASS when its losses match eager's (and the collectives ran inside ember's graphs).
-Tensor parallelism alone: on 2 ranks a 2-D (TP x DP) mesh would have one rank per dimension's group.
+Tensor parallelism: `parallelize_module` on the tp dimension (attention and MLP colwise / rowwise). Data
+parallelism: every parameter is stored as a DTensor on the whole mesh, replicated over dp, and computed with
+through a parametrization that hands the tensor-parallel layers their tp share, with a gradient that is partial
+over dp (each dp rank trains on its own batch): the export traces the averaging all-reduce of every gradient
+into the backward graph, so both dimensions' collectives run inside ember's graphs.
+
+Every rank prints PASS when its losses and parameters match eager's (and the collectives ran inside ember's
+graphs). On 2 ranks `--mesh 2,1` puts the traffic on the dp dimension instead.
 """
 from __future__ import annotations
 
@@ -94,6 +101,40 @@ def tensor_parallel(model: Llama, mesh) -> Llama:
     return model
 
 
+class ReplicatedOverDataParallel(nn.Module):
+    """Parametrization of a parameter stored on the (dp, tp) mesh, replicated over dp: the tensor a layer
+    computes with is its tp share (a DTensor on the tp mesh when tensor parallelism shards it, else a plain
+    tensor), and its gradient, partial over dp, is averaged over dp by the redistribution's backward."""
+
+    def __init__(self, tp_mesh, tp_placements, as_dtensor: bool):
+        super().__init__()
+        self.tp_mesh, self.tp_placements, self.as_dtensor = tp_mesh, tuple(tp_placements), as_dtensor
+
+    def forward(self, stored):
+        from torch.distributed.tensor import DTensor, Partial
+        local = stored.redistribute(placements=stored.placements).to_local(
+            grad_placements=(Partial("avg"),) + self.tp_placements)
+        if not self.as_dtensor:
+            return local
+        return DTensor.from_local(local, self.tp_mesh, self.tp_placements, run_check=False)
+
+
+def data_parallel(model: nn.Module, mesh) -> nn.Module:
+    """Every parameter of the tensor-parallel `model` stored on the 2-D `mesh`, replicated over "dp"."""
+    import torch.nn.utils.parametrize as parametrize
+    from torch.distributed.tensor import DTensor, Replicate
+    for module in list(model.modules()):
+        for name, param in list(module.named_parameters(recurse=False)):
+            sharded = isinstance(param, DTensor)
+            local, tp_placements = (param.to_local(), param.placements) if sharded else (param.detach(), (Replicate(),))
+            stored = DTensor.from_local(local, mesh, (Replicate(),) + tuple(tp_placements), run_check=False)
+            delattr(module, name)
+            module.register_parameter(name, nn.Parameter(stored))
+            parametrize.register_parametrization(
+                module, name, ReplicatedOverDataParallel(mesh["tp"], tp_placements, sharded), unsafe=True)
+    return model
+
+
 def decompose_silu(gm: torch.fx.GraphModule) -> int:
     """The user pass: silu(x) -> x * sigmoid(x) in the joint graph. Returns how many it rewrote."""
     aten, count = torch.ops.aten, 0
@@ -149,6 +190,7 @@ def main(argv=None) -> bool:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--mesh", default=None, help="DP,TP (default: 1,world; DP x TP must be the world size)")
     args = parser.parse_args(argv)
     import ember
     from torch.distributed.device_mesh import init_device_mesh
@@ -157,14 +199,18 @@ def main(argv=None) -> bool:
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device(args.device, torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    mesh = init_device_mesh(args.device, (world,))
+    dp, tp = (int(n) for n in args.mesh.split(",")) if args.mesh else (1, world)
+    if dp * tp != world:
+        parser.error(f"--mesh {dp},{tp}: DP x TP must be the world size, {world}")
+    mesh = init_device_mesh(args.device, (dp, tp), mesh_dim_names=("dp", "tp"))
     ember.config.fallback_on_error = False
 
     torch.manual_seed(0)
     base = Llama().to(device)
-    eager = tensor_parallel(copy.deepcopy(base), mesh)
-    model = tensor_parallel(copy.deepcopy(base), mesh)
-    g = torch.Generator().manual_seed(1)        # every rank of a TP group sees the same batch
+    eager = data_parallel(tensor_parallel(copy.deepcopy(base), mesh["tp"]), mesh)
+    model = data_parallel(tensor_parallel(copy.deepcopy(base), mesh["tp"]), mesh)
+    # each dp rank its own batches; the tp ranks of a dp rank the same
+    g = torch.Generator().manual_seed(1 + mesh.get_local_rank("dp"))
     batches = [tuple(torch.randint(0, 64, (2, 16), generator=g).to(device) for _ in range(2))
                for _ in range(args.steps)]
 
@@ -173,13 +219,21 @@ def main(argv=None) -> bool:
         step, rewritten, collectives = compile_joint(model, batches[0], stack)
     losses = train(step, model.parameters(), batches)
     close = all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(losses, eager_losses))
+    param_diff = max((a.to_local() - b.to_local()).abs().max().item()
+                     for a, b in zip(eager.parameters(), model.parameters()))
+    # the dp ranks trained on different batches: their replicas agree only if the gradients were averaged
+    flat = torch.cat([p.detach().to_local().flatten() for p in model.parameters()])
+    replicas = torch.empty(dp * flat.numel(), dtype=flat.dtype, device=device)
+    dist.all_gather_into_tensor(replicas, flat, group=mesh.get_group("dp"))
+    replica_diff = (replicas.view(dp, -1) - flat).abs().max().item()
     # bucketing merges several collectives of the joint graph into one call
     compiled_collectives = sum(v for k, v in ember.metrics.collectives.items() if "wait" not in k) \
         + ember.metrics.collectives_bucketed - ember.metrics.collective_buckets
-    ok = close and rewritten > 0 and collectives > 0 and compiled_collectives == collectives \
+    ok = close and param_diff <= 1e-5 and replica_diff <= 1e-6 and rewritten > 0 and collectives > 0 and compiled_collectives == collectives \
         and ember.metrics.eager_fallbacks == 0 and ember.metrics.graphs_compiled == 2
     print(f"rank {rank}: ember {['%.5f' % l for l in losses]} eager {['%.5f' % l for l in eager_losses]} "
-          f"silu rewritten {rewritten}, collectives {compiled_collectives}/{collectives} in ember's graphs: "
+          f"max parameter difference {param_diff:.1e} (dp replicas {replica_diff:.1e}), silu rewritten {rewritten}, "
+          f"collectives {compiled_collectives}/{collectives} in ember's graphs (mesh {dp} x {tp}): "
           f"{'PASS' if ok else 'FAIL'}", flush=True)
     # every rank's collectives done before any rank tears its group down: a rank whose gloo work is still in
     # flight when the other exits can abort at exit
