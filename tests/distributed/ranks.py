@@ -21,7 +21,7 @@ import torch.nn as nn
 
 import ember
 
-STEPS = 3
+STEPS = 5          # steps compared with eager: a wrong update at one step shows in the next losses
 
 
 class MLP(nn.Module):
