@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -131,12 +132,36 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def _compiling_for_ember() -> bool | None:
+    """Whether the frame Dynamo starts to compile is compiled for ember: None where that cannot be told.
+    Dynamo's start callbacks are not told the backend, but its `_compile` holds it (`compiler_fn`) in a
+    frame further up the stack, wrapped by torch.compile's layers, each of which names what it wraps."""
+    frame = sys._getframe(1)
+    for _ in range(48):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_compile" and "compiler_fn" in frame.f_code.co_varnames:
+            break
+        frame = frame.f_back
+    else:
+        return None
+    fn = frame.f_locals.get("compiler_fn")
+    for _ in range(8):
+        if fn is ember_backend:
+            return True
+        fn = next((getattr(fn, a) for a in ("_torchdynamo_orig_backend", "compiler_fn", "func", "__wrapped__")
+                   if getattr(fn, a, None) is not None), None)
+        if fn is None:
+            return False
+    return None
+
+
 def _on_dynamo_compile_start(args) -> None:
     """Dynamo starts to compile a frame: on a machine with a GPU, warm its kernel backend up now (the compile
-    workers' zygote then imports while Dynamo traces, seconds before the graph reaches ember). Dynamo does
-    not say for which backend; in a process that imported ember it is most likely ember."""
+    workers' zygote then imports while Dynamo traces, seconds before the graph reaches ember), unless the
+    frame is compiled for another backend (whose compile ember's zygote would only compete with)."""
     try:
-        if _has_gpu():
+        if _has_gpu() and _compiling_for_ember() is not False:
             backend_for("cuda").warm_up()
     except Exception as e:    # noqa: BLE001 - the graph's own compile warms its backend up
         log.debug("ember: no warm-up at Dynamo's compile start: %s", e)

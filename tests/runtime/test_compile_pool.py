@@ -518,8 +518,35 @@ def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch):
     def backend(gm, example_inputs):
         assert warmed == ["cuda"], "warmed up before the graph reached a backend"
         return gm
+    monkeypatch.setattr(dynamo, "ember_backend", backend)      # this backend stands for ember's
     torch.compile(lambda x: x * 2, backend=backend)(torch.randn(3))
     assert warmed == ["cuda"]
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("other", ["eager", "aot_eager"])
+def test_a_compile_for_another_backend_boots_no_zygote(monkeypatch, other):
+    """A process that imported ember but compiles a frame for another backend: Dynamo's start callback sees
+    which backend the frame is for and leaves ember's compile workers unstarted; for ember, through
+    torch.compile's wrappers (a mode, dynamic shapes), it warms up."""
+    from ember import dynamo
+    warmed = []
+
+    class GPUBackend:
+        def warm_up(self):
+            warmed.append("cuda")
+    monkeypatch.setattr(dynamo, "_has_gpu", lambda: True)
+    monkeypatch.setattr(dynamo, "backend_for", lambda device: GPUBackend() if device == "cuda" else None)
+    torch._dynamo.reset()
+    dynamo._install_start_callback()
+    torch.compile(lambda x: x * 2, backend=other)(torch.randn(3))
+    assert warmed == []
+    assert dynamo._compiling_for_ember() is None           # outside a compile: unknown
+    calls = []
+    monkeypatch.setattr(dynamo, "_compiling_for_ember", lambda real=dynamo._compiling_for_ember: calls.append(real())
+                        or calls[-1])
+    torch.compile(lambda x: x * 3, backend="ember", mode="max-autotune-no-cudagraphs", dynamic=True)(torch.randn(3))
+    assert calls[0] is True and warmed and warmed[0] == "cuda"
     torch._dynamo.reset()
 
 
