@@ -497,10 +497,9 @@ def test_a_damaged_marker_gives_no_binaries(tmp_path):
     assert compile_pool._read_marker(path) == {}
 
 
-def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch):
-    """On a machine with a GPU, the GPU backend warms up (the compile workers' zygote boots) when Dynamo
-    starts to compile, before the graph reaches any backend; the callback comes back after a reset."""
-    from torch._dynamo.callback import callback_handler
+@pytest.fixture
+def warmed(monkeypatch):
+    """A machine with a GPU whose backend records its warm-ups: the list of them."""
     from ember import dynamo
     warmed = []
 
@@ -509,6 +508,14 @@ def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch):
             warmed.append("cuda")
     monkeypatch.setattr(dynamo, "_has_gpu", lambda: True)
     monkeypatch.setattr(dynamo, "backend_for", lambda device: GPUBackend() if device == "cuda" else None)
+    return warmed
+
+
+def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch, warmed):
+    """On a machine with a GPU, the GPU backend warms up (the compile workers' zygote boots) when Dynamo
+    starts to compile, before the graph reaches any backend; the callback comes back after a reset."""
+    from torch._dynamo.callback import callback_handler
+    from ember import dynamo
     torch._dynamo.reset()
     assert dynamo._on_dynamo_compile_start not in callback_handler.start_callbacks
     dynamo._install_start_callback()         # what ember's import and each graph reaching ember do
@@ -525,18 +532,11 @@ def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch):
 
 
 @pytest.mark.parametrize("other", ["eager", "aot_eager"])
-def test_a_compile_for_another_backend_boots_no_zygote(monkeypatch, other):
+def test_a_compile_for_another_backend_boots_no_zygote(monkeypatch, warmed, other):
     """A process that imported ember but compiles a frame for another backend: Dynamo's start callback sees
     which backend the frame is for and leaves ember's compile workers unstarted; for ember, through
     torch.compile's wrappers (a mode, dynamic shapes), it warms up."""
     from ember import dynamo
-    warmed = []
-
-    class GPUBackend:
-        def warm_up(self):
-            warmed.append("cuda")
-    monkeypatch.setattr(dynamo, "_has_gpu", lambda: True)
-    monkeypatch.setattr(dynamo, "backend_for", lambda device: GPUBackend() if device == "cuda" else None)
     torch._dynamo.reset()
     dynamo._install_start_callback()
     torch.compile(lambda x: x * 2, backend=other)(torch.randn(3))
