@@ -229,8 +229,9 @@ def main(argv=None) -> bool:
     # bucketing merges several collectives of the joint graph into one call
     compiled_collectives = sum(v for k, v in ember.metrics.collectives.items() if "wait" not in k) \
         + ember.metrics.collectives_bucketed - ember.metrics.collective_buckets
-    ok = close and param_diff <= 1e-5 and replica_diff <= 1e-6 and rewritten > 0 and collectives > 0 and compiled_collectives == collectives \
-        and ember.metrics.eager_fallbacks == 0 and ember.metrics.graphs_compiled == 2
+    ok = close and param_diff <= 1e-5 and replica_diff <= 1e-6 and rewritten > 0 and collectives > 0 \
+        and compiled_collectives == collectives and ember.metrics.eager_fallbacks == 0 \
+        and ember.metrics.graphs_compiled == 2
     print(f"rank {rank}: ember {['%.5f' % l for l in losses]} eager {['%.5f' % l for l in eager_losses]} "
           f"max parameter difference {param_diff:.1e} (dp replicas {replica_diff:.1e}), silu rewritten {rewritten}, "
           f"collectives {compiled_collectives}/{collectives} in ember's graphs (mesh {dp} x {tp}): "
