@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.nn.utils.parametrize as parametrize
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +113,6 @@ class ReplicatedOverDataParallel(nn.Module):
         self.tp_mesh, self.tp_placements, self.as_dtensor = tp_mesh, tuple(tp_placements), as_dtensor
 
     def forward(self, stored):
-        from torch.distributed.tensor import DTensor, Partial
         local = stored.redistribute(placements=stored.placements).to_local(
             grad_placements=(Partial("avg"),) + self.tp_placements)
         if not self.as_dtensor:
@@ -121,8 +122,6 @@ class ReplicatedOverDataParallel(nn.Module):
 
 def data_parallel(model: nn.Module, mesh) -> nn.Module:
     """Every parameter of the tensor-parallel `model` stored on the 2-D `mesh`, replicated over "dp"."""
-    import torch.nn.utils.parametrize as parametrize
-    from torch.distributed.tensor import DTensor, Replicate
     for module in list(model.modules()):
         for name, param in list(module.named_parameters(recurse=False)):
             sharded = isinstance(param, DTensor)
