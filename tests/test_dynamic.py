@@ -9,6 +9,7 @@ test uses sizes >= 2; a later call with a size of 0 or 1 is a new specialization
 which the tests assert explicitly.
 """
 import copy
+import warnings
 
 import pytest
 import torch
@@ -136,6 +137,26 @@ def test_embedding_cross_entropy_batch_and_seq():
     shapes = [(8, 6), (5, 9), (13, 3), (2, 2)]
     batches = [(torch.randint(0, 40, (b, s)), torch.randint(0, 7, (b,))) for b, s in shapes]
     counter = _train_compare(Classifier(), batches)
+    assert_compiles(counter, 1, training=True)
+
+
+def test_cross_entropy_over_a_symbolic_number_of_classes():
+    # cross-entropy's backward scatters into a [rows, classes] constant, which ember rewrites as a compare
+    # with an arange over the classes: a symbolic count must enter the graph as a node, not as a raw SymInt
+    # (which has no value when the graph runs; torch >= 2.13 warns about it)
+    compiled, counter = compile_counted(F.cross_entropy)
+    for n, classes in ((6, 10), (7, 13), (3, 29)):
+        x = torch.randn(n, classes, requires_grad=True)
+        target = torch.randint(0, classes, (n,))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Raw SymInt")
+            loss = compiled(x, target)
+            loss.backward()
+        ours, x.grad = x.grad, None
+        expected = F.cross_entropy(x, target)
+        expected.backward()
+        assert_close(loss, expected, 1e-5, 1e-6, what=f"loss {n}x{classes}")
+        assert_close(ours, x.grad, 1e-5, 1e-6, what=f"grad {n}x{classes}")
     assert_compiles(counter, 1, training=True)
 
 
@@ -459,3 +480,93 @@ def test_as_strided_past_what_the_sizes_promise_stays_right():
     with ember.config.patch(fallback_on_error=True), pytest.warns(RuntimeWarning, match="as_strided"):
         run_and_compare(fn, compiled, torch.randn(3, 64, 5), rtol=1e-5, atol=1e-6)
     assert ember.metrics.eager_fallbacks == 1
+
+
+# --- (9) sizes that are quotients of symbolic sizes -------------------------------------------------------------
+
+
+def _eval_in_one_graph(model_class, shapes):
+    """The model in eval mode on random inputs of each shape: eager's outputs, from one compiled graph."""
+    torch.manual_seed(0)
+    model = model_class().eval()
+    compiled, counter = compile_counted(copy.deepcopy(model))
+    for shape in shapes:
+        run_and_compare(model, compiled, torch.randn(shape), rtol=1e-4, atol=1e-5, what=f"input {shape}")
+    assert_compiles(counter, 1)
+
+
+def _windows(x, w):
+    B, H, W, C = x.shape
+    return x.view(B, H // w, w, W // w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w, C)
+
+
+class _SwinStage(nn.Module):
+    """Swin's shapes: a strided patch embedding (sizes s // 4), windows of a padded, shifted map
+    (view(B, H // w, w, W // w, w, C) and back) with the shifted windows' mask broadcast over the batch
+    (scores.view(windows // n, n, ...)), and patch merging (x[:, 0::2, 0::2] ..., (H + 1) // 2)."""
+
+    def __init__(self, c=8, window=4):
+        super().__init__()
+        self.window, self.shift = window, window // 2
+        self.patch = nn.Conv2d(3, c, 4, stride=4)
+        self.norm = nn.LayerNorm(c)
+        self.mix = nn.Linear(c, c)
+        self.merge = nn.Linear(4 * c, 2 * c)
+
+    def forward(self, x):
+        x = self.patch(x)
+        B, C, H, W = x.shape
+        x = self.norm(x.flatten(2).transpose(1, 2)).view(B, H, W, C)
+        w = self.window
+        x = F.pad(x, (0, 0, 0, (w - W % w) % w, 0, (w - H % w) % w))
+        Hp, Wp = x.shape[1], x.shape[2]
+        x = torch.roll(x, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        win = _windows(x, w)
+        # the shifted windows' mask: which region of the map each position came from, per window
+        regions = (torch.arange(Hp, device=x.device)[:, None] >= Hp - w) * 2 + (torch.arange(Wp, device=x.device) >= Wp - w)
+        regions = _windows(regions[None, :, :, None].float(), w)[..., 0]
+        mask = (regions[:, None, :] != regions[:, :, None]).float() * -100.0
+        n = mask.shape[0]
+        scores = (self.mix(win) @ win.transpose(1, 2)).view(win.shape[0] // n, n, w * w, w * w) + mask[None]
+        win = win + torch.softmax(scores, -1).view(-1, w * w, w * w) @ win
+        x = win.view(-1, Hp // w, Wp // w, w, w, C).permute(0, 1, 3, 2, 4, 5).reshape(B, Hp, Wp, C)
+        x = torch.roll(x, shifts=(self.shift, self.shift), dims=(1, 2))[:, :H, :W, :]
+        x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+        h2, w2 = (H + 1) // 2, (W + 1) // 2
+        x = self.merge(x.view(B, -1, 4 * C)).view(B, h2, w2, 2 * C)
+        return x, x.mean((1, 2))
+
+
+@torch.no_grad()
+def test_swin_windows_and_patch_merging_halve_symbolic_sizes():
+    # (H + 1) // 2 of H = s // 4 reached the index printer as floor(floor(s/4)/2 + 1/2): "index 1/2 is
+    # not an integer", and the graph ran eagerly. Sizes enter ember as its own integer FloorDiv.
+    # H = hw // 4 is 2 mod 4 in each: a window padding of 0 (hw = 32) is a specialization Dynamo recompiles for
+    _eval_in_one_graph(_SwinStage, [(b, 3, hw, hw) for b, hw in ((2, 40), (3, 56), (2, 72))])
+
+
+class _ConvFeatures(nn.Module):
+    """wav2vec2's feature extractor: strided convolutions give T = floor((L - 10) / 5) + 1, then
+    floor((T - 3) / 2) + 1 frames; the frames are normalized and reshaped by sizes the graph computes."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.conv0 = nn.Conv1d(1, c, 10, stride=5)
+        self.conv1 = nn.Conv1d(c, c, 3, stride=2)
+        self.norm = nn.LayerNorm(c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, audio):
+        x = self.conv1(F.gelu(self.conv0(audio[:, None]))).transpose(1, 2)
+        B, T, C = x.shape
+        y = self.norm(x).reshape(B * T, C)
+        y = self.proj(y).view(B, T, C)
+        return self.norm(y + x), y.view(B, T * C).softmax(-1)
+
+
+@torch.no_grad()
+def test_conv_feature_lengths_index_like_the_sizes_they_equal():
+    # torch writes T as (L // 10) - 1 in the graph's size arithmetic, and ember wrote L // 10 as sympy's
+    # floor(L/10) beside its own FloorDiv(L, 10) in one index: the C++ kernel took a float modulus
+    _eval_in_one_graph(_ConvFeatures, [(2, 1600), (3, 2300), (2, 3705)])

@@ -8,6 +8,9 @@ the printer and the simplifier know exactly what they mean (sympy's floor/Mod ar
     c*m*ModularIndexing(v, d*m, k) + c*ModularIndexing(v, d, m)  ->  c*ModularIndexing(v, d, m*k)
 with FloorDiv(v, d) standing for ModularIndexing(v, d, oo); so `N*(x // N) + x % N` becomes `x`. Given
 the index variables' extents it also drops the floors and moduli their bounds decide (`simplify_bounded`).
+
+Sizes from torch (SymInts, and the graph's own size arithmetic) enter through `integer_form`, which writes
+torch's integer functions and sympy's floor, ceiling and Mod as FloorDiv and ModularIndexing.
 """
 from __future__ import annotations
 
@@ -44,9 +47,7 @@ class FloorDiv(sympy.Function):
                 return ModularIndexing(v, d * divisor, m / divisor)
         # (a*d + b) // d == a + b // d when every term but b is a multiple of d
         if base.is_Add:
-            whole, rest = [], []
-            for t in base.args:
-                (whole if _is_multiple(t, divisor) else rest).append(t)
+            whole, rest = _split_multiples(base.args, divisor)
             if whole and rest:
                 return sympy.Add(*[_simplify(t / divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
             if whole and not rest:
@@ -54,6 +55,10 @@ class FloorDiv(sympy.Function):
         if _is_multiple(base, divisor):
             return _simplify(base / divisor)
         return None
+
+    def _eval_is_nonnegative(self):
+        base, divisor = self.args
+        return True if base.is_nonnegative and divisor.is_positive else None
 
 
 class ModularIndexing(sympy.Function):
@@ -75,10 +80,14 @@ class ModularIndexing(sympy.Function):
             return ModularIndexing(base.args[0], base.args[1] * divisor, modulus)
         if base.is_Add:
             # terms that are multiples of divisor*modulus do not change the result
-            keep = [t for t in base.args if not _is_multiple(t, divisor * modulus)]
-            if len(keep) != len(base.args):
+            dropped, keep = _split_multiples(base.args, divisor * modulus)
+            if dropped:
                 return ModularIndexing(sympy.Add(*keep), divisor, modulus)
         return None
+
+    def _eval_is_nonnegative(self):
+        base, divisor, modulus = self.args
+        return True if base.is_nonnegative and divisor.is_positive and modulus.is_positive else None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -93,6 +102,21 @@ def _simplify(expr: Expr) -> Expr:
         return sympy.cancel(expr)
     except Exception:          # noqa: BLE001  (a form cancel cannot handle: leave it as it is)
         return expr
+
+
+def _split_multiples(terms, divisor: Expr):
+    """The terms of a sum that are multiples of divisor, to take out of a floor or modulus, and the rest.
+    Kernels print FloorDiv and ModularIndexing as the C division and remainder, which agree with Python's
+    only for a non-negative base: a positive multiple stays in when the rest might be negative
+    ((4 - s % 4) % 4 is not (-(s % 4)) % 4 in C)."""
+    whole = [t for t in terms if _is_multiple(t, divisor)]
+    if not whole:
+        return [], list(terms)
+    rest = [t for t in terms if not any(t is w for w in whole)]
+    if sympy.Add(*rest).is_nonnegative:
+        return whole, rest
+    out = [t for t in whole if t.is_nonpositive]
+    return out, rest + [t for t in whole if not t.is_nonpositive]
 
 
 def _is_multiple(term: Expr, divisor: Expr) -> bool:
@@ -146,8 +170,73 @@ def sympify(x) -> Expr:
     if isinstance(x, int):
         return sympy.Integer(x)
     if isinstance(x, torch.SymInt):
-        return settle_min_max(x.node.expr, x.node.shape_env)
+        # settled in torch's spelling, which the ShapeEnv reasons about, then written in ember's
+        return integer_form(settle_min_max(x.node.expr, x.node.shape_env))
     raise TypeError(f"cannot use {type(x).__name__} {x!r} as a size")
+
+
+def integer_form(expr: Expr) -> Expr:
+    """An integer-valued size expression in ember's one spelling of integer division: FloorDiv and
+    ModularIndexing, never a Rational. Sizes reach ember written by torch's ShapeEnv (its FloorDiv,
+    CleanDiv, Mod, FloorToInt(IntTrueDiv(a, b)) ...) and by Python arithmetic on sympy values (`a // b` is
+    sympy's floor(a/b), `a % b` its Mod); one quantity spelled two ways in one index neither simplifies
+    nor prints as integer arithmetic. Operands are sizes, so non-negative, as ember's FloorDiv assumes.
+    The caller knows the value is an integer: a quotient left as a fraction is exact (s*(s + 1)/2)."""
+    out = _integer_functions(sympy.sympify(expr))
+    if has_division(out):
+        num, den = sympy.fraction(sympy.together(out))
+        if num.is_integer and den.is_integer and den != 1:
+            out = FloorDiv(sympy.expand(num), den)
+    return out
+
+
+def has_division(expr: Expr) -> bool:
+    """Whether expr divides outside FloorDiv / ModularIndexing: a fraction, or a negative power (a size a
+    view infers as numel / (the other sizes), which sympy cannot cancel)."""
+    return any(not r.is_Integer for r in expr.atoms(sympy.Rational)) or \
+        any(p.exp.is_negative for p in expr.atoms(sympy.Pow))
+
+
+@functools.lru_cache(maxsize=65536)
+def _integer_functions(expr: Expr) -> Expr:
+    if expr.is_Atom:
+        return expr
+    return _integer_function(expr, [_integer_functions(a) for a in expr.args])
+
+
+def _integer_function(expr: Expr, args: list) -> Expr:
+    name = type(expr).__name__
+    if isinstance(expr, (FloorDiv, ModularIndexing)):
+        return expr.func(*args)
+    if name in ("FloorDiv", "CleanDiv"):                   # torch's: CleanDiv is one known to be exact
+        return FloorDiv(*args)
+    if name == "CeilDiv":
+        return FloorDiv(args[0] + args[1] - 1, args[1])
+    if isinstance(expr, sympy.Mod) or name in ("Mod", "PythonMod"):
+        return ModularIndexing(args[0], sympy.Integer(1), args[1])
+    if isinstance(expr, (sympy.floor, sympy.ceiling)) or name in ("FloorToInt", "CeilToInt"):
+        out = _floor_of_ratio(args[0], ceil=isinstance(expr, sympy.ceiling) or name == "CeilToInt")
+        return expr.func(*args) if out is None else out
+    if name == "PowByNatural":
+        return sympy.Pow(*args)
+    if name == "Identity":
+        return args[0]
+    if name in ("Min", "Max") and not isinstance(expr, (sympy.Min, sympy.Max)):   # torch's own Min / Max
+        return (sympy.Min if name == "Min" else sympy.Max)(*args)
+    return expr.func(*args) if tuple(args) != expr.args else expr
+
+
+def _floor_of_ratio(x: Expr, ceil: bool) -> Optional[Expr]:
+    """floor(a / b) (ceil: ceil(a / b)) of integers a, b as FloorDiv; None for another argument. b is a
+    size or a quotient of sizes (Hp // (Hp // w)): positive, though sympy rarely knows it."""
+    if type(x).__name__ == "IntTrueDiv":
+        num, den = x.args
+    else:
+        num, den = sympy.fraction(sympy.together(x))
+    if not (num.is_integer and den.is_integer) or den.is_nonpositive:
+        return None
+    num = sympy.expand(num)
+    return FloorDiv(num + den - 1 if ceil else num, den)
 
 
 def settle_min_max(expr: Expr, env=None) -> Expr:

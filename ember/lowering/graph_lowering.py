@@ -18,7 +18,7 @@ from ..graph.passes.common import VIEW_OPS
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
-from ..ir.symbolic import hint, product, sympify
+from ..ir.symbolic import hint, integer_form, product, sympify
 from .fallback import fallback, fallback_higher_order, store_dense
 from .layouts import is_dense, is_non_overlapping, same_shape
 from .mutation import flush_mutations
@@ -223,7 +223,12 @@ class GraphLowering(torch.fx.Interpreter):
                     pass
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
-            return target(*args)
+            result = target(*args)
+            # Python's `//` and `%` on sympy values are sympy's floor(a/b) and Mod: an integer size is
+            # written as ember writes it, to meet the sizes it equals
+            if isinstance(result, sympy.Basic) and isinstance(self.current_node.meta.get("val"), (torch.SymInt, int)):
+                return integer_form(result)
+            return result
         raise Unsupported(f"call_function target {target} is not an ATen op")
 
     def output(self, target, args, kwargs):

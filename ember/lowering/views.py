@@ -7,7 +7,7 @@ import torch
 
 from .. import state
 from ..ir.nodes import Buffer, ComputedBuffer, InputBuffer, Layout, Pointwise, ReinterpretView, TensorBox
-from ..ir.symbolic import (FloorDiv, ModularIndexing, Remembered, contiguous_strides, hint, product,
+from ..ir.symbolic import (FloorDiv, ModularIndexing, Remembered, contiguous_strides, hint, integer_form, product,
                            settle_min_max, statically_known_equal, sympify, sympy_list)
 from .layouts import is_dense
 from .registry import Unsupported, lower
@@ -279,7 +279,8 @@ def _infer_size(size, numel):
     size = [sympify(s) for s in size]
     if any(s == -1 for s in size):
         known = product(s for s in size if s != -1)
-        size = [sympy.simplify(numel / known) if s == -1 else s for s in size]
+        # exact, though sympy may not see it: numel / known of symbolic sizes is written as FloorDiv
+        size = [integer_form(sympy.simplify(numel / known)) if s == -1 else s for s in size]
     return size
 
 

@@ -158,3 +158,49 @@ def test_remembered_keys_values_by_type_and_computes_unhashable_arguments():
     assert remembered([1], 2) == ("list", "int")    # unhashable: computed each time
     assert remembered([1], 2) == ("list", "int")
     assert len(calls) == 4
+
+
+def test_torchs_sizes_enter_in_embers_integer_spelling():
+    # the one quantity torch writes as FloorDiv(FloorDiv(s - 10, 5) - 2, 2) + 1 (two strided convolutions),
+    # and Python's `//` on sympy values as floor(s/10) - 1, is one expression in ember; every floor and
+    # modulus keeps a non-negative base, which the kernels' C division and remainder need
+    import math
+    import torch.utils._sympy.functions as tf
+    from ember.codegen.cpp.indexing import cpp_index
+    from ember.ir.symbolic import integer_form
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert integer_form(tf.FloorDiv(tf.FloorDiv(s - 10, 5) - 2, 2) + 1) == integer_form(sympy.floor(s / 10) - 1) \
+        == FloorDiv(s, 10) - 1
+    assert integer_form((s // 4 + 1) // 2) == integer_form(tf.FloorDiv(tf.FloorDiv(s, 4) + 1, 2))
+    cases = ((tf.Mod(4 - tf.Mod(tf.FloorDiv(s, 4), 4), 4), lambda v: (4 - v // 4 % 4) % 4),   # Swin's padding
+             (sympy.floor(sympy.floor(s / 4) / 2 + sympy.Rational(1, 2)), lambda v: (v // 4 + 1) // 2),
+             (tf.CeilToInt(tf.IntTrueDiv(s, 16)), lambda v: math.ceil(v / 16)),
+             (sympy.ceiling(s / 3) + tf.CleanDiv(6 * s, 3), lambda v: math.ceil(v / 3) + 2 * v),
+             (s * (s + 1) / 2, lambda v: v * (v + 1) // 2),
+             # a quotient by a quotient of sizes (Swin's Hp // (Hp // 4)): sympy cannot tell it is positive
+             ((s + 3) // ((s + 3) // 4), lambda v: (v + 3) // ((v + 3) // 4)))
+    for expr, ref in cases:
+        e = integer_form(expr)
+        assert not any(not r.is_Integer for r in e.atoms(sympy.Rational)), e
+        assert all(type(f) in (FloorDiv, ModularIndexing) for f in e.atoms(sympy.Function)), e
+        for v in (1, 3, 4, 15, 16, 17, 33, 1000):
+            assert all(f.args[0].subs(s, v) >= 0 for f in e.atoms(FloorDiv, ModularIndexing)), (e, v)
+            assert e.subs(s, v) == ref(v), (expr, e, v)
+        assert "floor" not in cpp_index(e) and "ceil" not in cpp_index(e)
+
+
+def test_a_view_infers_its_free_size_as_an_integer():
+    # Swin's window_reverse, view(-1, Hp // w, Wp // w, w, w, C) with a symbolic window w: numel over the
+    # other sizes is exact but does not cancel in sympy; printed as a true division, the wrapper computed a
+    # float size from it
+    from ember.codegen.kernel import print_index
+    from ember.lowering.views import _infer_size
+    b, h, c = (sympy.Symbol(n, integer=True, positive=True) for n in ("b", "h", "c"))
+    w = FloorDiv(h + 1, 2)
+    hp = h + ModularIndexing(w - ModularIndexing(h, 1, w), 1, w)
+    size = _infer_size([-1, FloorDiv(hp, w), FloorDiv(hp, w), w, w, c], b * hp * hp * c)
+    assert all("/" not in print_index(s).replace("//", "") for s in size)
+    for bv, hv in ((2, 5), (3, 8), (1, 13)):
+        wv = (hv + 1) // 2
+        hpv = hv + (wv - hv % wv) % wv
+        assert size[0].subs({b: bv, h: hv}) == bv * hpv * hpv // ((hpv // wv) ** 2 * wv * wv)

@@ -55,6 +55,17 @@ def call_op(graph: torch.fx.Graph, op, *args, **kwargs) -> torch.fx.Node:
     return node
 
 
+def size_arg(graph: torch.fx.Graph, node: torch.fx.Node, dim: int):
+    """node's size along dim as a new node's argument: an int, or for a symbolic size an `aten.sym_size.int`
+    node at the insertion point (a SymInt itself has no value when the graph runs)."""
+    size = node.meta["val"].shape[dim]
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    read = graph.call_function(aten.sym_size.int, (node, dim))
+    read.meta["val"] = size
+    return read
+
+
 def run_passes(gm: torch.fx.GraphModule, passes: Iterable[Callable], user_passes: Iterable[Callable]) -> torch.fx.GraphModule:
     for p in list(passes) + list(user_passes):
         out = p(gm)

@@ -19,7 +19,7 @@ from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
 from .inplace_collectives import reinplace_all_reduces
-from .common import VIEW_OPS, call_op, dead_code_elimination, is_pointwise, readers, run_passes
+from .common import VIEW_OPS, call_op, dead_code_elimination, is_pointwise, readers, run_passes, size_arg
 from .library_epilogues import fuse_bias_activations
 from .conv_layout import plan_conv_layouts
 
@@ -124,12 +124,13 @@ def _scatter_of_one_per_row(node):
 
 def _scatter_as_where(gm: torch.fx.GraphModule, node: torch.fx.Node, fill, dim: int) -> None:
     """Replace node, `constant(fill).scatter(dim, index, value)`, by `where(arange == index, value, fill)`."""
-    _, _, index, value = node.args
+    base, _, index, value = node.args
     out, g = node.meta["val"], gm.graph
     shape = [1] * out.dim()
-    shape[dim] = out.shape[dim]
     with g.inserting_before(node):
-        iota = g.call_function(aten.arange.start_step, (0, out.shape[dim], 1),
+        # the constant's size, read from it (a symbolic size as a node): the constant itself is never stored
+        shape[dim] = size_arg(g, base, dim)
+        iota = g.call_function(aten.arange.start_step, (0, shape[dim], 1),
                                {"dtype": _val(index).dtype, "device": out.device})
         hit = g.call_function(aten.eq.Tensor, (g.call_function(aten.view.default, (iota, shape)), index))
         scalars = [g.call_function(aten.full.default, ([], x), {"dtype": out.dtype, "device": out.device})
