@@ -175,6 +175,7 @@ def sympify(x) -> Expr:
     raise TypeError(f"cannot use {type(x).__name__} {x!r} as a size")
 
 
+@functools.lru_cache(maxsize=65536)
 def integer_form(expr: Expr) -> Expr:
     """An integer-valued size expression in ember's one spelling of integer division: FloorDiv and
     ModularIndexing, never a Rational. Sizes reach ember written by torch's ShapeEnv (its FloorDiv,
@@ -183,14 +184,12 @@ def integer_form(expr: Expr) -> Expr:
     nor prints as integer arithmetic. Operands are sizes, so non-negative, as ember's FloorDiv assumes.
     The caller knows the value is an integer: a quotient left as a fraction is exact (s*(s + 1)/2)."""
     out = _integer_functions(sympy.sympify(expr))
-    if has_division(out):
-        num, den = sympy.fraction(sympy.together(out))
-        if num.is_integer and den.is_integer and den != 1:
-            out = FloorDiv(sympy.expand(num), den)
+    if _has_division(out):
+        out = _floor_of_ratio(out, ceil=False) or out
     return out
 
 
-def has_division(expr: Expr) -> bool:
+def _has_division(expr: Expr) -> bool:
     """Whether expr divides outside FloorDiv / ModularIndexing: a fraction, or a negative power (a size a
     view infers as numel / (the other sizes), which sympy cannot cancel)."""
     return any(not r.is_Integer for r in expr.atoms(sympy.Rational)) or \
