@@ -17,7 +17,7 @@ from .graph.decompose import LazyTable
 from .graph.passes import pre_grad
 from .graph.passes.partition import partition
 from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
-from .runtime import head_logits, source_keys, whole_graph_cache
+from .runtime import head_logits, whole_graph_cache
 from .runtime.compile_start import call_at_compile_start
 from .runtime.gc_pause import gc_paused
 
@@ -59,7 +59,6 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     # the search widens the default ("matvec") and "epilogues"; a setting of "always" or "never" stays
     settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates in ("matvec", "epilogues") \
         else {}
-    source_keys.start()         # if Dynamo's start callback did not (a `torch._dynamo.reset()` removes it)
     _install_start_callback()
     _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
@@ -175,5 +174,4 @@ def register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
-    source_keys.install()
     _install_start_callback()

@@ -8,7 +8,8 @@ Writes OUT.json (first call seconds, ember's compile seconds and cache counters,
 table) and OUT.prof (pstats); for ember also the compile workers' jobs and errors per kernel module. With --cold-then-warm the case runs twice in fresh processes sharing fresh
 cache directories (ember's, inductor's, Triton's): a cold start, a warm one, and a warm one under cProfile (OUT.cold,
 OUT.warm, OUT.warm_profiled; PROBE_PHASES=cold,warm,warm2 names others: a name ending in _profiled is
-profiled; one ending in _jit first empties the compile pool's markers, so that its kernels load through
+profiled; one ending in _sampled has its main thread's stack sampled (OUT.folded,
+experiments/main_thread_sampler.py); one naming noworkers starts no compile workers; one ending in _jit first empties the compile pool's markers, so that its kernels load through
 Triton's JIT rather than from the workers' binaries). PROBE_PROFILE=0 turns the profile off. `python -m experiments.first_call_profile --show OUT.prof [N]` prints the top N functions by
 cumulative and by own time.
 """
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from experiments.main_thread_sampler import MainThreadSampler
 
 
 def _bench(anchor: str):
@@ -69,16 +72,24 @@ def one(anchor: str, backend: str, case: str, out: str) -> None:
 
     torch.cuda.synchronize()
     profile = cProfile.Profile() if os.environ.get("PROBE_PROFILE", "1") == "1" else None
+    sampler = MainThreadSampler() if os.environ.get("PROBE_SAMPLE") == "1" else None
+    modules_before = set(sys.modules)
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()
+    if sampler is not None:
+        sampler.__enter__()
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
+    if sampler is not None:
+        sampler.__exit__(None, None, None)
+        sampler.write_folded(out + ".folded")
     if profile is not None:
         profile.disable()
         profile.dump_stats(out + ".prof")
     record = {"backend": backend, "case": case, "first_call_s": round(first, 3),
+              "modules_imported": sorted(set(sys.modules) - modules_before),
               "dynamo": torch._dynamo.utils.compile_times(repr="str", aggregate=True)}
     try:
         names, seconds = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
@@ -91,6 +102,8 @@ def one(anchor: str, backend: str, case: str, out: str) -> None:
         record.update(compile_s=round(m.compile_seconds, 3), graph_cache_hits=m.graph_cache_hits,
                       graph_cache_misses=m.graph_cache_misses, whole_graph_hits=getattr(m, "whole_graph_hits", None),
                       binaries_loaded=getattr(m, "binaries_loaded", None), pool_runs=pool_runs, pool_started=bool(compile_pool._pool))
+    if sampler is not None:
+        record["main_thread"] = sampler.summary()
     with open(out + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print(json.dumps({k: v for k, v in record.items() if k != "dynamo"}), flush=True)
@@ -113,8 +126,11 @@ def cold_then_warm(anchor: str, backend: str, case: str, out: str) -> None:
             for name in os.listdir(markers) if os.path.isdir(markers) else []:
                 open(os.path.join(markers, name), "w").close()
         profiled = "1" if phase.endswith("_profiled") else "0"
+        sampled = "1" if phase.endswith("_sampled") else "0"
+        variant = {"EMBER_COMPILE_WORKERS": "0"} if "noworkers" in phase else {}
         subprocess.run([sys.executable, "-m", "experiments.first_call_profile", anchor, backend, case,
-                        f"{out}.{phase}"], env=dict(env, PROBE_PROFILE=profiled), check=False)
+                        f"{out}.{phase}"], env=dict(env, PROBE_PROFILE=profiled, PROBE_SAMPLE=sampled, **variant),
+                       check=False)
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ def _version(dist: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _versions() -> str:
+def installed_versions() -> str:
     return (f"python {sys.version_info[:3]} torch {torch.__version__} triton {_version('triton')} "
             f"sympy {sympy.__version__}")
 
@@ -296,7 +296,7 @@ def environment_parts(gm: torch.fx.GraphModule, example_inputs, settings: str | 
     return {
         "settings": settings_text() if settings is None else settings,
         "ember": ember_source_hash(),
-        "versions": _versions(),
+        "versions": installed_versions(),
         "devices": _devices(_device_types(gm, example_inputs)),
         # float32 GEMM templates multiply in TF32 or in float32 as these said when they were generated
         "matmul": f"allow_tf32 {torch.backends.cuda.matmul.allow_tf32} cudnn {torch.backends.cudnn.allow_tf32}",

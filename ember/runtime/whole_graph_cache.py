@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import logging
 import os
 import pickle
@@ -39,7 +40,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..config import NOT_IN_PROGRAM, config
 from .cache_dir import WHOLE, cache_root, is_private, read_entry, subfolder, write_entry
-from .graph_key import NotCacheable, digest, environment_parts, graph_symbols, settings_text
+from .graph_key import NotCacheable, digest, environment_parts, graph_symbols, installed_versions, settings_text
 
 log = logging.getLogger("ember")
 
@@ -142,7 +143,27 @@ def _key_patches() -> list:
         def triton_sources(self, gm):
             return original(self, gm) if _calls_user_triton_kernels(gm) else []
         patches.append((details, "get_triton_source_codes_from_gm", triton_sources))
+    if callable(getattr(codecache, "torch_key", None)):
+        patches.append((codecache, "torch_key", _installation_key))
+    system = getattr(codecache, "CacheBase", None)
+    if callable(getattr(system, "get_system", None)):
+        patches.append((system, "get_system", staticmethod(_system)))
     return patches
+
+
+def _installation_key() -> bytes:
+    """torch and Triton in the key by their versions, as in ember's graph key, for inductor's `torch_key` (a
+    hash of every source file of torch) and `triton_key` (Triton's, read by `CacheBase.get_system`). Hashing
+    those files took 0.5 s of every warm start's first call on an H200 host, on its main thread; a
+    background thread does not help, since beside Dynamo's trace, which holds the GIL, it waits a switch
+    interval after each file it reads (docs/performance.md, "Warm first calls: what the main thread
+    does")."""
+    return hashlib.sha256(installed_versions().encode()).digest()
+
+
+def _system() -> dict:
+    return {"device": {"name": None}, "version": {"installation": installed_versions()},
+            "hash": _installation_key().hex()}
 
 
 def _calls_user_triton_kernels(gm: torch.fx.GraphModule) -> bool:

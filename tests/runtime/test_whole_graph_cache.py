@@ -93,14 +93,19 @@ def test_inference_hits_keep_the_direct_call(cache):
             assert metrics.whole_graph_hits == round_ and metrics.direct_graphs == round_ + 1
 
 
-@pytest.mark.parametrize("change", ["setting", "dtype", "stride"])
-def test_what_changes_the_key_is_a_miss(cache, change):
+@pytest.mark.parametrize("change", ["setting", "dtype", "stride", "installed versions"])
+def test_what_changes_the_key_is_a_miss(cache, change, monkeypatch):
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(12, 16)
     _train_step(model, x)
     torch._dynamo.reset()
-    if change == "setting":
+    if change == "installed versions":      # what stands in for torch's and Triton's hashes of their sources
+        from ember.runtime import whole_graph_cache
+        versions = whole_graph_cache.installed_versions()
+        monkeypatch.setattr(whole_graph_cache, "installed_versions", lambda: versions + " triton 0.0.0")
+        _train_step(model, x)
+    elif change == "setting":
         with ember.config.patch(persistent_reduction_max=ember.config.persistent_reduction_max * 2 + 1):
             _train_step(model, x)
     elif change == "dtype":
@@ -108,6 +113,25 @@ def test_what_changes_the_key_is_a_miss(cache, change):
     else:
         _train_step(model, torch.randn(16, 12).t())
     assert metrics.whole_graph_hits == 0 and len(_whole_entries(cache)) == 2
+
+
+def test_the_key_hashes_no_installed_sources(cache, monkeypatch):
+    """AOTAutograd's key holds torch and Triton by their versions while ember compiles: inductor's hashes of
+    their installed files (`torch_key`, and `triton_key` through `CacheBase.get_system`) are not computed, and
+    are torch's own again after the compile."""
+    from torch._inductor import codecache
+
+    def unexpected():
+        raise AssertionError("a hash of installed sources was computed")
+    monkeypatch.setattr(codecache, "torch_key", unexpected)
+    monkeypatch.setattr(codecache.CacheBase, "get_system", staticmethod(unexpected))
+    for round_ in range(2):
+        torch._dynamo.reset()
+        got, want = _compiled_and_eager(torch.randn(12, 16))
+        assert_close(got, want)
+        assert metrics.whole_graph_hits == round_ and metrics.eager_fallbacks == 0
+    assert len(_whole_entries(cache)) == 1
+    assert codecache.torch_key is unexpected and codecache.CacheBase.get_system is unexpected
 
 
 def test_not_used_with_symbolic_sizes(cache):
