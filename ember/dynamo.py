@@ -18,8 +18,8 @@ from .graph.passes import pre_grad
 from .graph.passes.partition import partition
 from .graph.passes.linear_cross_entropy import DEFERRED_HEADS, PROGRAM_OUTPUTS
 from .runtime import head_logits, whole_graph_cache
-from .runtime.compile_start import call_at_compile_start
-from .runtime.gc_pause import gc_paused
+from .runtime.compile_start import call_at_compile_end, call_at_compile_start
+from .runtime.gc_pause import gc_paused, pause_for_dynamo, resume_after_dynamo
 
 log = logging.getLogger("ember")
 
@@ -59,7 +59,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     # the search widens the default ("matvec") and "epilogues"; a setting of "always" or "never" stays
     settings = {"gemm_templates": "auto"} if tuned_products and config.gemm_templates in ("matvec", "epilogues") \
         else {}
-    _install_start_callback()
+    _install_compile_callbacks()
     _each_backend(example_inputs, "warm_up")
     with gc_paused(), config.patch(**settings):   # the passes, AOTAutograd's trace and partition, the forward
         return _compile_dynamo_graph(gm, example_inputs, cudagraphs or config.cudagraphs, settings)
@@ -156,22 +156,31 @@ def _compiling_for_ember() -> bool | None:
 
 
 def _on_dynamo_compile_start(args) -> None:
-    """Dynamo starts to compile a frame: on a machine with a GPU, warm its kernel backend up now (the compile
-    workers' zygote then imports while Dynamo traces, seconds before the graph reaches ember), unless the
-    frame is compiled for another backend (whose compile ember's zygote would only compete with)."""
+    """Dynamo starts to compile a frame: pause the garbage collector until its compile ends
+    (runtime/gc_pause.py) and, on a machine with a GPU, warm its kernel backend up now (the compile workers'
+    zygote then imports while Dynamo traces, seconds before the graph reaches ember), unless the frame is
+    compiled for another backend (whose compile ember's zygote would only compete with)."""
     try:
-        if _has_gpu() and _compiling_for_ember() is not False:
+        if _compiling_for_ember() is False:
+            return
+        pause_for_dynamo()
+        if _has_gpu():
             backend_for("cuda").warm_up()
     except Exception as e:    # noqa: BLE001 - the graph's own compile warms its backend up
         log.debug("ember: no warm-up at Dynamo's compile start: %s", e)
 
 
-def _install_start_callback() -> None:
+def _on_dynamo_compile_end(args) -> None:
+    resume_after_dynamo()
+
+
+def _install_compile_callbacks() -> None:
     call_at_compile_start(_on_dynamo_compile_start)
+    call_at_compile_end(_on_dynamo_compile_end)
 
 
 def register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
-    _install_start_callback()
+    _install_compile_callbacks()

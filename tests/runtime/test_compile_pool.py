@@ -451,8 +451,8 @@ def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch, warmed):
     from ember import dynamo
     torch._dynamo.reset()
     assert dynamo._on_dynamo_compile_start not in callback_handler.start_callbacks
-    dynamo._install_start_callback()         # what ember's import and each graph reaching ember do
-    dynamo._install_start_callback()
+    dynamo._install_compile_callbacks()         # what ember's import and each graph reaching ember do
+    dynamo._install_compile_callbacks()
     assert callback_handler.start_callbacks.count(dynamo._on_dynamo_compile_start) == 1
 
     def backend(gm, example_inputs):
@@ -471,7 +471,7 @@ def test_a_compile_for_another_backend_boots_no_zygote(monkeypatch, warmed, othe
     torch.compile's wrappers (a mode, dynamic shapes), it warms up."""
     from ember import dynamo
     torch._dynamo.reset()
-    dynamo._install_start_callback()
+    dynamo._install_compile_callbacks()
     torch.compile(lambda x: x * 2, backend=other)(torch.randn(3))
     assert warmed == []
     assert dynamo._compiling_for_ember() is None           # outside a compile: unknown
