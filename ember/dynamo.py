@@ -167,7 +167,7 @@ def _on_dynamo_compile_start(args) -> None:
         if _has_gpu():
             backend_for("cuda").warm_up()
     except Exception as e:    # noqa: BLE001 - the graph's own compile warms its backend up
-        log.debug("ember: no warm-up at Dynamo's compile start: %s", e)
+        log.debug("ember: Dynamo's compile start: %s", e)
 
 
 def _on_dynamo_compile_end(args) -> None:

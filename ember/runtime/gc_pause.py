@@ -32,19 +32,14 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-_paused_for_dynamo: list = []       # [True] while Dynamo's compile runs with the collector paused by ember
+_dynamo_pause = contextlib.ExitStack()      # holds a gc_paused() block while Dynamo compiles a frame for ember
 
 
 def pause_for_dynamo() -> None:
-    """Dynamo starts to compile a frame for ember: no automatic collection until it ends (a collector the
-    program turned off stays off)."""
-    if not _paused_for_dynamo and gc.isenabled():
-        gc.disable()
-        _paused_for_dynamo.append(True)
+    """Dynamo starts to compile a frame for ember: `gc_paused()` entered, until `resume_after_dynamo`."""
+    _dynamo_pause.enter_context(gc_paused())
 
 
 def resume_after_dynamo() -> None:
-    """Dynamo's compile ended (or raised): the collector back on, if `pause_for_dynamo` turned it off."""
-    if _paused_for_dynamo:
-        _paused_for_dynamo.clear()
-        gc.enable()
+    """Dynamo's compile ended (or raised): the collector as it was before `pause_for_dynamo`."""
+    _dynamo_pause.close()
