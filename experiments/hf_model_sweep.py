@@ -167,14 +167,19 @@ def main(argv=None) -> None:
     p.add_argument("--dynamic", action="store_true")
     a = p.parse_args(argv)
     importlib.import_module("transformers")
-    for name in a.models.split(","):
-        for mode in a.modes.split(","):
+    report_each(a.models.split(","), a.modes.split(","), lambda name, mode: run(name, mode, a.dynamic))
+
+
+def report_each(names: list, modes: list, run_case, width: int = 12) -> None:
+    """Print one line per model and mode: run_case(name, mode)'s text, or the error it raised."""
+    for name in names:
+        for mode in modes:
             try:
-                line = run(name, mode, a.dynamic)
+                line = run_case(name, mode)
             except Exception as e:                  # noqa: BLE001 - a sweep reports and goes on
                 line = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}\n" + \
                     "".join(traceback.format_exc(limit=-3).splitlines(True)[-6:])
-            print(f"{name:12} {mode:5} {line}", flush=True)
+            print(f"{name:{width}} {mode:5} {line}", flush=True)
 
 
 if __name__ == "__main__":

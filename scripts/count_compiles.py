@@ -58,7 +58,7 @@ def _compiler(gm, example_inputs, **kw):
     return gm            # the fake step runs the traced graph itself
 
 
-def _stub_torchvision() -> None:
+def stub_torchvision() -> None:
     """timm imports torchvision, which has no CPU wheel on the dev box: stand in a package whose every
     attribute is an empty nn.Module class (the models counted here use none of them) whose own attributes
     are their names."""
@@ -97,7 +97,7 @@ def _model(name: str):
     try:
         import torchvision  # noqa: F401
     except ImportError:
-        _stub_torchvision()
+        stub_torchvision()
     if name == "resnet50":      # timm's, which needs no real torchvision
         import timm
         return timm.create_model("resnet50", pretrained=False), 1000

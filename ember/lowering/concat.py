@@ -1,6 +1,7 @@
-"""cat, stack, constant_pad_nd, slice_scatter and select_scatter as Pointwise computations, so producers and
-consumers fuse with them (the two scatters are what the backward of slicing and indexing a tensor produces:
-a rotary embedding's halves, in every attention layer's backward).
+"""cat, stack, constant_pad_nd, slice_scatter, select_scatter and as_strided_scatter as Pointwise computations,
+so producers and consumers fuse with them (slice and select scatters are what the backward of slicing and
+indexing a tensor produces: a rotary embedding's halves, in every attention layer's backward; an
+as_strided_scatter, the backward of a restrided view).
 
 Each output element loads from the input that covers it. A load must stay in bounds even where its value
 is not selected, so the index into each input is clamped and goes through `ops.indirect_indexing`; the
@@ -17,7 +18,8 @@ from ..ir.ops import ops
 from ..ir.symbolic import guard_le, sympify
 from .pointwise import cast, promote, scalar_value
 from .registry import Unsupported, lower
-from .views import unsqueeze
+from .layouts import is_dense
+from .views import input_meta, unsqueeze
 
 aten = torch.ops.aten
 
@@ -207,4 +209,45 @@ def select_scatter(x, src, dim, index):
         chosen = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(position, torch.int64))
         value = cast(load_src([*idx[:dim], *idx[dim + 1:]]), src.dtype, dtype)
         return ops.where(chosen, value, load_x(idx))
+    return TensorBox.pointwise(x.device, dtype, inner_fn, x.get_size())
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """x with src written over `x.as_strided(size, stride, storage_offset)`, as ATen computes it: the view
+    addresses the storage of a clone of x (x's strides, offset 0). Lowered where x is laid out densely and
+    the view is a dense block of that storage (its strides, smallest first, each the product of the sizes
+    below it), so that each storage position of the block is one element of src; AOTAutograd emits such
+    scatters for the gradient of a view of a graph output."""
+    meta = input_meta(0)
+    if not isinstance(meta, torch.Tensor) or not is_dense(meta):
+        raise Unsupported("as_strided_scatter into a tensor that is not laid out densely")
+    if src.device != x.device:
+        raise Unsupported("as_strided_scatter across devices")
+    size, stride = [sympify(s) for s in size], [sympify(s) for s in stride]
+    offset = sympify(0 if storage_offset is None else storage_offset)
+    load_x, load_src, dtype = x.make_loader(), src.make_loader(), x.dtype
+    if any(n == 0 for n in size):
+        return TensorBox.pointwise(x.device, dtype, load_x, x.get_size())
+    moving = [d for d in range(len(size)) if size[d] != 1]
+    if not all(stride[d].is_Integer for d in moving):
+        raise Unsupported("as_strided_scatter through symbolic strides")
+    block = sympify(1)
+    for d in sorted(moving, key=lambda d: int(stride[d])):
+        if sympy.expand(stride[d] - block) != 0:
+            raise Unsupported("as_strided_scatter through a view that is not a dense block of storage")
+        block = block * size[d]
+    x_strides = [sympify(s) for s in meta.stride()]
+
+    def inner_fn(idx):
+        position = sum((i * s for i, s in zip(idx, x_strides)), sympify(0))
+        inside = _in_range(position, offset, offset + block)
+        # the position within the block, clamped so that src is read in bounds where it is not written
+        at = ops.minimum(ops.maximum(ops.index_expr(position - offset, torch.int64), ops.constant(0, torch.int64)),
+                         ops.index_expr(block - 1, torch.int64))
+        here = [sympify(0) if size[d] == 1 else
+                ops.indirect_indexing(ops.remainder(ops.floordiv(at, ops.constant(int(stride[d]), torch.int64)),
+                                                    ops.index_expr(size[d], torch.int64)), size[d])
+                for d in range(len(size))]
+        return ops.where(inside, cast(load_src(here), src.dtype, dtype), load_x(idx))
     return TensorBox.pointwise(x.device, dtype, inner_fn, x.get_size())

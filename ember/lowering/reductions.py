@@ -309,16 +309,22 @@ lower(aten.argmax.default)(arg("max"))
 lower(aten.argmin.default)(arg("min"))
 
 
+def _truth(x, dim, keepdim, reduction_type: str):
+    """any / all of x != 0: bool, but uint8 for a uint8 x (as eager keeps that dtype)."""
+    b = x if x.dtype == torch.bool else \
+        pointwise(lambda v: ops.ne(v, ops.constant(0, x.dtype)), x, out_dtype=torch.bool)
+    out = reduce(b, dim, reduction_type, torch.bool, keepdim=keepdim)
+    return to_dtype(out, torch.uint8) if x.dtype == torch.uint8 else out
+
+
 @lower(aten.any.default, aten.any.dim, aten.any.dims)
 def any_(x, dim=None, keepdim=False):
-    b = x if x.dtype == torch.bool else pointwise(lambda v: ops.ne(v, ops.constant(0, x.dtype)), x, out_dtype=torch.bool)
-    return reduce(b, dim, "any", torch.bool, keepdim=keepdim)
+    return _truth(x, dim, keepdim, "any")
 
 
 @lower(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(x, dim=None, keepdim=False):
-    b = x if x.dtype == torch.bool else pointwise(lambda v: ops.ne(v, ops.constant(0, x.dtype)), x, out_dtype=torch.bool)
-    return reduce(b, dim, "all", torch.bool, keepdim=keepdim)
+    return _truth(x, dim, keepdim, "all")
 
 
 def welford(x, dims, keepdim):

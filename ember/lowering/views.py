@@ -383,7 +383,7 @@ def as_strided(x, size, stride, storage_offset=None):
         buf, layout = base
         offset = layout.offset if storage_offset is None else sympify(storage_offset)
         return TensorBox(ReinterpretView(buf, Layout(layout.device, layout.dtype, size, stride, offset)))
-    meta = _input_meta(0)
+    meta = input_meta(0)
     offset = sympify(storage_offset if storage_offset is not None else 0)
     if not _owns_its_storage(meta) or not _within(size, stride, offset, meta.numel()):
         raise NotImplementedError("as_strided of a computed value whose eager storage is not its own elements")
@@ -398,7 +398,8 @@ def as_strided(x, size, stride, storage_offset=None):
     return TensorBox(ReinterpretView(d, Layout(d.layout.device, d.layout.dtype, size, stride, offset)))
 
 
-def _input_meta(i):
+def input_meta(i):
+    """The fake tensor (eager's value: its sizes and strides) of the lowered node's i-th argument, or None."""
     node = state.current_graph().current_node
     arg = node.args[i] if node is not None and len(node.args) > i else None
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None

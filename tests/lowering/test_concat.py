@@ -1,5 +1,5 @@
-"""cat / stack / constant_pad_nd / slice_scatter / select_scatter lowered as pointwise kernels (fused with
-producers and consumers)."""
+"""cat / stack / constant_pad_nd / slice_scatter / select_scatter / as_strided_scatter lowered as pointwise
+kernels (fused with producers and consumers)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -71,6 +71,44 @@ def test_select_scatter(device, dim, index):
     x = torch.randn(4, 10, 6, device=device)
     src = torch.randn_like(x.select(dim, index))
     check(lambda x, src: torch.select_scatter(x, src * 3, dim, index).cos(), x, src, grad=True)
+    _no_fallbacks()
+
+
+@pytest.mark.parametrize("base,size,stride,offset", [
+    ((640,), (2, 320), (320, 1), 0),                  # the whole storage, row-major
+    ((640,), (2, 320, 1, 1), (320, 1, 1, 1), 0),       # size-1 dims (their strides are never used)
+    ((100,), (3, 4), (1, 3), 7),                       # a column-major block at an offset
+    ((6, 8), (4, 5), (5, 1), 3),                       # into a 2-D tensor's storage
+    ((4, 6), (0, 3), (3, 1), 0),                       # nothing written
+])
+def test_as_strided_scatter(device, base, size, stride, offset):
+    """src written over a dense block of x's storage: one pointwise kernel with what computes x and src."""
+    x, src = torch.randn(base, device=device), torch.randn(size, device=device)
+    check(lambda x, src: torch.as_strided_scatter(x * 2, src.sin(), size, stride, offset) + 1, x, src)
+    _no_fallbacks()
+    assert ember.metrics.generated_kernel_count == 1
+
+
+def test_as_strided_scatter_into_a_transposed_tensor(device):
+    """The view addresses the storage of a clone of x, which keeps x's (here transposed) strides."""
+    x, src = torch.randn(6, 8, device=device), torch.randn(4, 5, device=device)
+    check(lambda x, src: torch.as_strided_scatter(x.t() * 2, src, (4, 5), (5, 1), 3), x, src)
+    _no_fallbacks()
+
+
+def test_as_strided_scatter_with_overlapping_positions_runs_in_aten(device):
+    """A view that is not a dense block (here every other position of each row) stays an ATen call."""
+    x, src = torch.randn(4, 6, device=device), torch.randn(2, 3, device=device)
+    check(lambda x, src: torch.as_strided_scatter(x * 2, src, (2, 3), (12, 2), 1), x, src)
+    assert dict(ember.metrics.fallbacks) == {"aten.as_strided_scatter.default": 1}
+
+
+def test_gradient_of_a_restrided_pool_has_no_scatter_call(device):
+    """A classifier head that restrides its pooled features (`as_strided` to channels-last strides, as
+    timm's ConvNeXt head traces): the backward's as_strided_scatter is pointwise."""
+    x = torch.randn(2, 8, 3, 3, device=device)
+    check(lambda x: torch.as_strided(x.sin().mean((2, 3), keepdim=True), (2, 8, 1, 1), (8, 1, 8, 8))
+          .permute(0, 2, 3, 1).cos(), x, grad=True)
     _no_fallbacks()
 
 

@@ -88,7 +88,8 @@ def test_any_all(device, name, dims, keepdim):
     b[1] = False
     f = torch.randn(3, 5, 7, device=device).round()   # zeros and non-zeros
     i = torch.randint(-1, 2, (3, 5, 7), device=device)
-    lowered(lambda x, y, z: (fn(x, dims, keepdim), fn(y, dims, keepdim), fn(z, dims, keepdim)), b, f, i)
+    u = torch.randint(0, 3, (3, 5, 7), dtype=torch.uint8, device=device)     # the result stays uint8, as eager's
+    lowered(lambda *xs: tuple(fn(x, dims, keepdim) for x in xs), b, f, i, u)
 
 
 SINGLE_DIM = {
