@@ -1,4 +1,5 @@
-"""Tensors made from nothing: full, zeros/ones (decomposed to full), empty, scalar_tensor, arange, iota."""
+"""Tensors made from nothing: full, zeros/ones (decomposed to full), empty, new_empty_strided, scalar_tensor,
+arange, iota."""
 from __future__ import annotations
 
 import sympy
@@ -63,6 +64,12 @@ def empty(size, *_layout, dtype=None, layout=None, device=None, pin_memory=None,
     if layout not in (None, torch.strided):
         raise Unsupported(f"layout {layout}")
     return constant_box(0, size, dtype or torch.get_default_dtype(), device)
+
+
+@lower(aten.new_empty_strided.default)
+def new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """empty_strided with x's dtype and device by default (a backward's buffer for a view's gradient)."""
+    return empty(size, stride, dtype=dtype or x.dtype, layout=layout, device=device or x.device)
 
 
 @lower(aten.arange.start_step, aten.arange.start, aten.arange.default)

@@ -55,6 +55,15 @@ def test_empty_used_for_its_shape(device):
                        a.new_empty(3).zero_() + 1), x)
 
 
+def test_new_empty_strided(device):
+    """x's dtype and device by default; filled, and returned with the strides asked for (a backward builds
+    a view's gradient this way)."""
+    x = torch.randn(3, 4, device=device)
+    out = lowered(lambda a: (a.new_empty_strided((3, 4), (1, 3)).fill_(2.0) * a,
+                             a.new_empty_strided((4, 3), (1, 4)).fill_(1.5)), x)
+    assert out[1].stride() == (1, 4)
+
+
 @pytest.mark.parametrize("args", [(7,), (2, 9), (1, 10, 3), (10, 1, -2), (-5, 5, 2), (5, 5), (0, 7, 3), (7, -8, -5)], ids=str)
 def test_arange_int(device, args):
     x = torch.randn(1, device=device)
