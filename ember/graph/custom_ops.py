@@ -5,6 +5,9 @@ implementation, so a fake-tensor run and an ATen fallback work as for any op, an
     ember::softmax_stats(x, dim) -> (amax(x, dim, keepdim=True), sum(exp(x - amax), dim, keepdim=True))
         softmax's and log-softmax's row statistics as one reduction that reads each row once (an online
         max and rescaled sum, where a long row is reduced in chunks); lowered in lowering/reductions.py.
+    ember::integer_resize(x, size, scale_factor, mode, align_corners, antialias) -> Tensor
+        F.interpolate of an integer image by eager's own kernel, left opaque to AOTAutograd, whose trace
+        would otherwise replace it by a float decomposition (graph/passes/integer_resize.py).
 """
 from __future__ import annotations
 
@@ -68,3 +71,24 @@ def _padded_mm_fake(a, b, bias, m, n):
 
 
 padded_mm = torch.ops.ember.padded_mm.default
+
+
+_lib.define("integer_resize(Tensor x, int[]? size, float[]? scale_factor, str mode, bool? align_corners, "
+            "bool antialias) -> Tensor")
+
+
+def _integer_resize(x, size, scale_factor, mode: str, align_corners, antialias: bool):
+    return torch.nn.functional.interpolate(x, size=size, scale_factor=scale_factor, mode=mode,
+                                           align_corners=align_corners, antialias=antialias)
+
+
+_lib.impl("integer_resize", _integer_resize, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ember::integer_resize")
+def _integer_resize_fake(x, size, scale_factor, mode, align_corners, antialias):
+    # the float decomposition that a fake tensor runs has eager's output size and memory format
+    return _integer_resize(x, size, scale_factor, mode, align_corners, antialias)
+
+
+integer_resize = torch.ops.ember.integer_resize.default

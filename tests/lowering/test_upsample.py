@@ -92,3 +92,28 @@ def test_interpolate_through_torch_compile(device, mode):
     kw = {"mode": "bilinear", "align_corners": True} if mode == "bilinear_ac" else {"mode": mode}
     check(lambda a: F.interpolate(a, size=(13, 7), **kw), torch.randn(IN, device=device), grad=True)
     assert not [op for op in ember.metrics.fallbacks if "upsample" in op or "index" in op]
+
+
+@pytest.mark.parametrize("resize", [
+    lambda a: F.interpolate(a, size=(13, 20), mode="bilinear"),
+    lambda a: F.interpolate(a, scale_factor=0.6, mode="bilinear", align_corners=True),
+    lambda a: F.interpolate(a, size=(13, 20), mode="bicubic"),
+    lambda a: F.interpolate(a, size=(13, 20), mode="bilinear", antialias=True),
+    lambda a: F.upsample_bilinear(a, size=(31, 8)),
+    torch.nn.Upsample(scale_factor=1.5, mode="bilinear"),
+], ids=["bilinear", "bilinear_scale_ac", "bicubic", "bilinear_antialias", "upsample_bilinear", "module"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_integer_resizes_are_eagers(device, resize, layout):
+    """A uint8 image resized as eager's integer kernel does (fixed-point weights), not as the float
+    decomposition AOTAutograd's trace would substitute (one off in many pixels): the exact pixel values,
+    from one call of eager's kernel, with the ops around it compiled."""
+    x = torch.randint(0, 256, (2, 3, 27, 26), dtype=torch.uint8, device=device)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    try:
+        expected = resize(x) // 2
+    except (RuntimeError, NotImplementedError) as e:     # no integer kernel for this mode on this device
+        pytest.skip(str(e).splitlines()[0])
+    out = check(lambda a: resize(a + 0) // 2, x)
+    assert torch.equal(out, expected)
+    assert dict(ember.metrics.fallbacks) == {"ember.integer_resize.default": 1}
