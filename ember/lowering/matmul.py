@@ -39,7 +39,7 @@ from ..ir.symbolic import sympify, sympy_list
 from ..ir.template import SPLITS, ProductSpec, TemplateBuffer, split_k_counts, split_k_views, stored_base
 from .fallback import realize_arg
 from .layouts import has_static_layout
-from .pointwise import pointwise, to_dtype
+from .pointwise import pointwise, promote, to_dtype
 from .reductions import sum_
 from .registry import Unsupported, lower
 from .views import view
@@ -305,12 +305,13 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     if not _template_plan(a, b)[0] or bias.get_dtype() != a.get_dtype():
         raise Unsupported("addmm outside the GEMM template")
     product = _product(a, b, batched=False)
+    dt, _ = promote([bias, product])     # the scales in the product's precision (a float64 0.1 stays exact)
 
     def combine(c, p):
-        p = p if alpha == 1 else ops.mul(p, ops.constant(alpha, torch.float32))
+        p = p if alpha == 1 else ops.mul(p, ops.constant(alpha, dt))
         if beta == 0:         # eager ignores the bias then, NaN and Inf included
             return p
-        return ops.add(c if beta == 1 else ops.mul(c, ops.constant(beta, torch.float32)), p)
+        return ops.add(c if beta == 1 else ops.mul(c, ops.constant(beta, dt)), p)
     return pointwise(combine, bias, product)
 
 

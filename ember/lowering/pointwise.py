@@ -5,6 +5,7 @@ load and narrows on store); `to_dtype` to a narrow float rounds right there, as 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -450,56 +451,56 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
 _GELU_K, _GELU_C = math.sqrt(2 / math.pi), 0.044715
 
 
-def _f32(c: float):
-    return ops.constant(c, torch.float32)
+def _gelu_cdf(v, dt):
+    """Phi(v) = 0.5 (1 + erf(v / sqrt(2))), exact GELU's factor, computed in dt (its constants too: a
+    float32 sqrt(0.5) would cost float64 GELU eight digits)."""
+    c = functools.partial(ops.constant, dtype=dt)
+    return ops.mul(c(0.5), ops.add(c(1.0), ops.erf(ops.mul(v, c(math.sqrt(0.5))))))
 
 
-def _gelu_cdf(v):
-    """Phi(v) = 0.5 (1 + erf(v / sqrt(2))), exact GELU's factor."""
-    return ops.mul(_f32(0.5), ops.add(_f32(1.0), ops.erf(ops.mul(v, _f32(math.sqrt(0.5))))))
-
-
-def _gelu_tanh_arg(v, v2, scale: float):
-    """scale * u for tanh-GELU (v2 = v * v)."""
-    return ops.mul(_f32(scale * _GELU_K), ops.add(v, ops.mul(_f32(_GELU_C), ops.mul(v2, v))))
+def _gelu_tanh_arg(v, v2, scale: float, dt):
+    """scale * u for tanh-GELU (v2 = v * v), in dt."""
+    return ops.mul(ops.constant(scale * _GELU_K, dt), ops.add(v, ops.mul(ops.constant(_GELU_C, dt), ops.mul(v2, v))))
 
 
 @lower(aten.gelu.default)
 def gelu(x, *, approximate="none"):
+    dt, _ = promote([x], KIND.INT_TO_FLOAT)
     if approximate == "tanh":
         # 0.5 v (1 + tanh(u)) = v sigmoid(2u) = v / (1 + exp(-2u)): one exp and a division instead of a tanh,
         # which costs several times more where it runs at a GEMM epilogue's occupancy (docs/performance.md,
         # "GEMM epilogues"), and no cancellation in 1 + tanh(u) for negative v
         def fn(v):
-            minus_2u = _gelu_tanh_arg(v, ops.mul(v, v), -2.0)
-            return ops.truediv(v, ops.add(_f32(1.0), ops.exp(minus_2u)))
+            minus_2u = _gelu_tanh_arg(v, ops.mul(v, v), -2.0, dt)
+            return ops.truediv(v, ops.add(ops.constant(1.0, dt), ops.exp(minus_2u)))
     else:
         def fn(v):          # v Phi(v); scaling by 0.5 is exact, so this is 0.5 v (1 + erf(v / sqrt(2)))
-            return ops.mul(v, _gelu_cdf(v))
+            return ops.mul(v, _gelu_cdf(v, dt))
     return pointwise(fn, x, kind=KIND.INT_TO_FLOAT)
 
 
 @lower(aten.gelu_backward.default)
 def gelu_backward(grad, x, *, approximate="none"):
-    f32 = _f32      # noqa: N806 - short in the formulas below
+    dt, _ = promote([grad, x], KIND.INT_TO_FLOAT)
+    c = functools.partial(ops.constant, dtype=dt)
     if approximate == "tanh":
         # gelu(v) = v s with s = sigmoid(2u), u = k (v + c v^3): the gradient is g (s + 2 v u' s (1 - s)),
         # u' = k (1 + 3 c v^2). With q = exp(-2|u|) (never overflows) and r = 1 / (1 + q): s is r or q r by
         # the sign of u, and s (1 - s) = q r^2 either way, free of the cancellation in torch's 1 - tanh(u)^2
         def fn(g, v):
             v2 = ops.mul(v, v)
-            u = _gelu_tanh_arg(v, v2, 1.0)
-            q = ops.exp(ops.mul(f32(-2.0), ops.abs(u)))
-            r = ops.truediv(f32(1.0), ops.add(f32(1.0), q))
-            s = ops.where(ops.ge(u, f32(0.0)), r, ops.mul(q, r))
-            du = ops.mul(f32(_GELU_K), ops.add(f32(1.0), ops.mul(f32(3 * _GELU_C), v2)))
-            slope = ops.mul(ops.mul(f32(2.0), ops.mul(v, du)), ops.mul(q, ops.mul(r, r)))
+            u = _gelu_tanh_arg(v, v2, 1.0, dt)
+            q = ops.exp(ops.mul(c(-2.0), ops.abs(u)))
+            r = ops.truediv(c(1.0), ops.add(c(1.0), q))
+            s = ops.where(ops.ge(u, c(0.0)), r, ops.mul(q, r))
+            du = ops.mul(c(_GELU_K), ops.add(c(1.0), ops.mul(c(3 * _GELU_C), v2)))
+            slope = ops.mul(ops.mul(c(2.0), ops.mul(v, du)), ops.mul(q, ops.mul(r, r)))
             return ops.mul(g, ops.add(s, slope))
     else:
         # d/dv [v Phi(v)] = Phi(v) + v phi(v)
         def fn(g, v):
-            pdf = ops.mul(f32(1 / math.sqrt(2 * math.pi)), ops.exp(ops.mul(f32(-0.5), ops.mul(v, v))))
-            return ops.mul(g, ops.add(_gelu_cdf(v), ops.mul(v, pdf)))
+            pdf = ops.mul(c(1 / math.sqrt(2 * math.pi)), ops.exp(ops.mul(c(-0.5), ops.mul(v, v))))
+            return ops.mul(g, ops.add(_gelu_cdf(v, dt), ops.mul(v, pdf)))
     return pointwise(fn, grad, x, kind=KIND.INT_TO_FLOAT)
 
 
