@@ -24,6 +24,7 @@ with "flaky" accepts either outcome.
     python -m scripts.opinfo_sweep --ops add,softmax --dtypes float32 -v
     python -m scripts.opinfo_sweep --grad --ops tanh,layer_norm          # float32 and float64 gradients
     python -m scripts.opinfo_sweep --dtypes float32 --offset-inputs 3     # inputs inside their storage
+    python -m scripts.opinfo_sweep --dtypes float64 --float64-tol 1e-10   # float64 kept to float64's digits
     python -m scripts.opinfo_sweep --workers 2 --update-expected          # rewrite the expected file
 """
 from __future__ import annotations
@@ -115,6 +116,9 @@ def _tol(dtype):
     name = str(dtype).replace("torch.", "")
     if name in _ULP:
         return _ULP[name], 1e-5
+    if name == "float64" and os.environ.get("OPINFO_FLOAT64_TOL"):      # --float64-tol, read by the workers too
+        tol = float(os.environ["OPINFO_FLOAT64_TOL"])
+        return tol, tol
     from ember.testing import default_tol
     return default_tol(dtype)
 
@@ -575,6 +579,9 @@ def main(argv=None):
                     help="gradients of a weighted sum of the outputs (weighted_loss) for every input that requires grad")
     ap.add_argument("--offset-inputs", type=int, default=0, metavar="N",
                     help="each input tensor starts N elements into its storage (eager and ember alike)")
+    ap.add_argument("--float64-tol", type=float, default=None, metavar="T",
+                    help="rtol and atol of float64 against eager (default ember.testing's 1e-7; 1e-10 finds "
+                         "float32 constants in float64 kernels)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per op (all its dtypes)")
     ap.add_argument("--json", help="write all results here")
@@ -586,6 +593,8 @@ def main(argv=None):
     ap.add_argument("--resume", action="store_true", help="keep the results in JSON+'l' and run only the other ops")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
+    if a.float64_tol is not None:
+        os.environ["OPINFO_FLOAT64_TOL"] = str(a.float64_tol)
 
     dtypes = [d.strip() for d in (a.dtypes or ",".join(GRAD_DTYPES if a.grad else DEFAULT_DTYPES)).split(",")
               if d.strip()]
