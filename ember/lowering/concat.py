@@ -165,6 +165,8 @@ def _slice_bounds(length, start, end, step) -> tuple:
             return sympify(0)
         return sympify(length) if _le(length, v) else v
     start, end = clamped(0 if start is None else start), clamped(end)
+    if start == 0:      # end is in [0, length] already: no comparison (none may be decidable for a size
+        return start, end   # like FloorDiv(s - 1, 16) + 1, a strided convolution's output)
     return start, (start if _le(end, start) else end)
 
 

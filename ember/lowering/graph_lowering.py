@@ -6,6 +6,7 @@ order), `graph_inputs`, `outputs`, and the symbols the wrapper must bind from in
 """
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any
 
@@ -23,6 +24,8 @@ from .fallback import fallback, fallback_higher_order, store_dense
 from .layouts import is_dense, is_non_overlapping, same_shape
 from .mutation import flush_mutations
 from .registry import Unsupported, get_lowering, load_all
+
+log = logging.getLogger("ember")
 
 aten = torch.ops.aten
 
@@ -211,16 +214,16 @@ class GraphLowering(torch.fx.Interpreter):
             if lowering is not None and not _has_complex(self.current_node):
                 try:
                     return lowering(*args, **kwargs)
-                except Unsupported:
-                    pass
+                except Unsupported as e:      # why an op ember lowers runs as an ATen call here
+                    log.debug("ember: %s runs as an ATen call: %s", target, e)
             return fallback(target, args, kwargs, self.current_node)
         if isinstance(target, torch._ops.HigherOrderOperator):
             lowering = get_lowering(target)
             if lowering is not None:
                 try:
                     return lowering(*args, **kwargs)
-                except Unsupported:
-                    pass
+                except Unsupported as e:
+                    log.debug("ember: %s runs as an ATen call: %s", target, e)
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
             result = target(*args)

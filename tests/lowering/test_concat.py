@@ -66,6 +66,17 @@ def test_slice_scatter_of_a_dynamic_size(device, start, end):
     assert ember.metrics.graphs_compiled == 1
 
 
+def test_slice_scatter_from_the_start_along_a_strided_size(device):
+    """A slice from 0 along a size sympy cannot compare with 0 (FloorDiv(s + 1, 2), a strided slice's or a
+    strided convolution's output, under dynamic shapes): no comparison is needed, no ATen call."""
+    f = fresh_compile(lambda x, src: torch.slice_scatter(x[:, ::2].exp(), src, 1, 0, None) + 1, dynamic=True)
+    for n in (10, 13):
+        x = torch.randn(3, n, device=device)
+        src = torch.randn_like(x[:, ::2])
+        assert_close(f(x, src), torch.slice_scatter(x[:, ::2].exp(), src, 1, 0, None) + 1)
+    _no_fallbacks()
+
+
 @pytest.mark.parametrize("dim,index", [(0, 1), (1, -1), (2, 3)])
 def test_select_scatter(device, dim, index):
     x = torch.randn(4, 10, 6, device=device)
