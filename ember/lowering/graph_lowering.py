@@ -7,6 +7,7 @@ order), `graph_inputs`, `outputs`, and the symbols the wrapper must bind from in
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from typing import Any
 
@@ -226,7 +227,10 @@ class GraphLowering(torch.fx.Interpreter):
                     log.debug("ember: %s runs as an ATen call: %s", target, e)
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
-            result = target(*args)
+            # math.ceil / floor / trunc of a symbolic quotient: sympy's functions (Python's would ask the
+            # expression for a float); a size is non-negative, so trunc is floor
+            sym = _ROUNDINGS.get(target) if args and isinstance(args[0], sympy.Expr) else None
+            result = sym(*args) if sym is not None else target(*args)
             # Python's `//` and `%` on sympy values are sympy's floor(a/b) and Mod: an integer size is
             # written as ember writes it, to meet the sizes it equals
             if isinstance(result, sympy.Basic) and isinstance(self.current_node.meta.get("val"), (torch.SymInt, int)):
@@ -350,6 +354,8 @@ def _is_sym_python_op(target) -> bool:
     return getattr(target, "__module__", "") in ("_operator", "operator", "math", "torch.sym_float", "torch") \
         or target in (torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min)
 
+
+_ROUNDINGS = {math.ceil: sympy.ceiling, math.floor: sympy.floor, math.trunc: sympy.floor}
 
 _SYMBOLIC_OPS = {
     aten.sym_size.int: lambda x, d: x.get_size()[d],

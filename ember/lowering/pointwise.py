@@ -86,12 +86,20 @@ def _promote(args, kind):
 
 
 def scalar_value(x, dtype):
-    """ops value of a python scalar or size expression x, as dtype."""
+    """ops value of a python scalar or size expression x, as dtype. A quotient of sizes (a SymFloat such as
+    an interpolation's scale `s / 10`) is Python's true division, computed in float64 as Python does and
+    then converted: printed as an index it would divide as integers."""
     if isinstance(x, sympy.Expr):
         if x.is_Integer:
             return ops.constant(int(x), dtype)
         if x.is_Number:
             return ops.constant(float(x), dtype)
+        num, den = sympy.fraction(sympy.together(x))
+        if den != 1:
+            if not dtype.is_floating_point:
+                raise Unsupported(f"size quotient {x} as {dtype}")
+            quotient = ops.truediv(ops.index_expr(num, torch.float64), ops.index_expr(den, torch.float64))
+            return cast(quotient, torch.float64, dtype)
         if x.is_integer is False:
             raise Unsupported(f"non-integer size expression {x}")
         return index_value(x, dtype)

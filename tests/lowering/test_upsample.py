@@ -3,6 +3,8 @@
 torch.compile hands ember these ops already decomposed (PyTorch's Python dispatcher rewrites them into
 aten.index / index_put while AOTAutograd traces), so the lowerings are tested on ATen graphs given to
 ember.compile_graph, against the eager ATen op; one test covers the torch.compile path end to end."""
+import math
+
 import pytest
 import torch
 import torch.fx
@@ -117,3 +119,22 @@ def test_integer_resizes_are_eagers(device, resize, layout):
     out = check(lambda a: resize(a + 0) // 2, x)
     assert torch.equal(out, expected)
     assert dict(ember.metrics.fallbacks) == {"ember.integer_resize.default": 1}
+
+
+@pytest.mark.parametrize("resize", [
+    lambda a: F.interpolate(a, size=(10, 3), mode="bilinear"),
+    lambda a: F.interpolate(a, size=(a.shape[-1] + 1, a.shape[-2] // 3), mode="bilinear", align_corners=True),
+    lambda a: F.interpolate(a, size=(int(math.ceil(a.shape[-1] / 2) * 2), math.floor(a.shape[-2] / 3)),
+                            mode="bilinear"),
+    lambda a: F.interpolate(a, size=(7, 5), mode="bicubic"),
+], ids=["fixed_size", "size_of_sizes", "ceil_floor", "bicubic"])
+def test_resize_of_dynamic_sizes(device, resize):
+    """Under dynamic shapes the scales are quotients of sizes (`s / 10`): Python's true division, computed in
+    float64 as Python does; as an index expression they divided as integers (every value wrong). math.ceil
+    and math.floor of such quotients are sizes."""
+    f = torch.compile(resize, backend="ember", dynamic=True)
+    torch._dynamo.reset()
+    for n in (9, 12):
+        x = torch.randn(2, 3, n, n + 1, device=device)
+        assert_close(f(x), resize(x))
+    assert ember.metrics.eager_fallbacks == 0
