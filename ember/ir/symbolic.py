@@ -184,12 +184,12 @@ def integer_form(expr: Expr) -> Expr:
     nor prints as integer arithmetic. Operands are sizes, so non-negative, as ember's FloorDiv assumes.
     The caller knows the value is an integer: a quotient left as a fraction is exact (s*(s + 1)/2)."""
     out = _integer_functions(sympy.sympify(expr))
-    if _has_division(out):
+    if has_division(out):
         out = _floor_of_ratio(out, ceil=False) or out
     return out
 
 
-def _has_division(expr: Expr) -> bool:
+def has_division(expr: Expr) -> bool:
     """Whether expr divides outside FloorDiv / ModularIndexing: a fraction, or a negative power (a size a
     view infers as numel / (the other sizes), which sympy cannot cancel)."""
     return any(not r.is_Integer for r in expr.atoms(sympy.Rational)) or \

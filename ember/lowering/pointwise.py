@@ -15,6 +15,7 @@ from torch._prims_common import elementwise_dtypes
 
 from ..ir.nodes import TensorBox
 from ..ir.ops import ops
+from ..ir.symbolic import has_division
 from .registry import Unsupported, lower
 
 aten = torch.ops.aten
@@ -94,10 +95,10 @@ def scalar_value(x, dtype):
             return ops.constant(int(x), dtype)
         if x.is_Number:
             return ops.constant(float(x), dtype)
-        num, den = sympy.fraction(sympy.together(x))
-        if den != 1:
+        if has_division(x):
             if not dtype.is_floating_point:
                 raise Unsupported(f"size quotient {x} as {dtype}")
+            num, den = sympy.fraction(sympy.together(x))
             quotient = ops.truediv(ops.index_expr(num, torch.float64), ops.index_expr(den, torch.float64))
             return cast(quotient, torch.float64, dtype)
         if x.is_integer is False:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import ember
-from ember.testing import assert_close, check
+from ember.testing import assert_close, check, fresh_compile
 
 aten = torch.ops.aten
 IN = [2, 3, 9, 11]
@@ -132,8 +132,7 @@ def test_resize_of_dynamic_sizes(device, resize):
     """Under dynamic shapes the scales are quotients of sizes (`s / 10`): Python's true division, computed in
     float64 as Python does; as an index expression they divided as integers (every value wrong). math.ceil
     and math.floor of such quotients are sizes."""
-    f = torch.compile(resize, backend="ember", dynamic=True)
-    torch._dynamo.reset()
+    f = fresh_compile(resize, dynamic=True)
     for n in (9, 12):
         x = torch.randn(2, 3, n, n + 1, device=device)
         assert_close(f(x), resize(x))
