@@ -10,7 +10,8 @@ cache directories (ember's, inductor's, Triton's): a cold start, a warm one, and
 OUT.warm, OUT.warm_profiled; PROBE_PHASES=cold,warm,warm2 names others: a name ending in _profiled is
 profiled; one ending in _sampled has its main thread's stack sampled (OUT.folded,
 experiments/main_thread_sampler.py); one naming noworkers starts no compile workers; one ending in _jit first empties the compile pool's markers, so that its kernels load through
-Triton's JIT rather than from the workers' binaries). PROBE_PROFILE=0 turns the profile off. `python -m experiments.first_call_profile --show OUT.prof [N]` prints the top N functions by
+Triton's JIT rather than from the workers' binaries; one naming nodriverahead builds Triton's driver at its first use rather than
+on a thread from Dynamo's start, runtime/triton_driver.py). PROBE_PROFILE=0 turns the profile off. `python -m experiments.first_call_profile --show OUT.prof [N]` prints the top N functions by
 cumulative and by own time.
 """
 from __future__ import annotations
@@ -41,7 +42,9 @@ def one(anchor: str, backend: str, case: str, out: str) -> None:
     pool_runs = []
     if backend == "ember":
         import ember
-        from ember.runtime import compile_pool
+        from ember.runtime import compile_pool, triton_driver
+        if os.environ.get("PROBE_NO_DRIVER_AHEAD") == "1":
+            triton_driver.load_ahead = lambda: None
         run = compile_pool.CompilePool.run
 
         def recorded(self, jobs, facts=None):      # the compile workers' jobs and errors, per kernel module
@@ -128,6 +131,8 @@ def cold_then_warm(anchor: str, backend: str, case: str, out: str) -> None:
         profiled = "1" if phase.endswith("_profiled") else "0"
         sampled = "1" if phase.endswith("_sampled") else "0"
         variant = {"EMBER_COMPILE_WORKERS": "0"} if "noworkers" in phase else {}
+        if "nodriverahead" in phase:
+            variant["PROBE_NO_DRIVER_AHEAD"] = "1"
         subprocess.run([sys.executable, "-m", "experiments.first_call_profile", anchor, backend, case,
                         f"{out}.{phase}"], env=dict(env, PROBE_PROFILE=profiled, PROBE_SAMPLE=sampled, **variant),
                        check=False)

@@ -41,6 +41,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import config
+from . import triton_driver
 from .compile_profile import kernels_compiled
 
 log = logging.getLogger("ember")
@@ -208,7 +209,9 @@ def _workers() -> int:
 
 
 def boot() -> None:
-    """Start the process's zygote, once, where workers will be forked (it imports in the background)."""
+    """Start the process's zygote, once, where workers will be forked (it imports in the background), and
+    build Triton's driver on a thread (runtime/triton_driver.py)."""
+    triton_driver.load_ahead()
     if not _zygote and not _pool and _workers() >= 2 and forks_workers():
         _zygote.append(_Zygote())
 
@@ -224,8 +227,7 @@ def start() -> CompilePool | None:
 
 
 def _target() -> tuple:
-    from triton.runtime import driver
-    t = driver.active.get_current_target()
+    t = triton_driver.active().get_current_target()
     return (t.backend, t.arch, t.warp_size)
 
 
@@ -240,6 +242,7 @@ def precompile(module, helpers, kernels: list) -> dict:
     Jobs the pool has compiled before (a warm start: the same module, helpers, target and Triton cache) are
     not sent again, their facts read from the marker, and a warm start with nothing to send starts no workers."""
     from . import static_launch
+    triton_driver.ready()       # the kernels launch next: with the driver built ahead, never a second one
     specs = [(k.name, k.warm, cfg) for k in kernels if k.warm is not None for cfg in k.warm.configs]
     if _workers() < 2 or len(specs) < 2:
         return {}

@@ -40,6 +40,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import config, metrics
+from . import triton_driver
 from .compile_pool import config_key
 from .static_launch import load_binary, static_launch
 
@@ -79,11 +80,11 @@ def _device_and_stream():
     """The active driver's getters of the current device and of its current stream (what the JIT asks).
     The CUDA driver's device getter is `torch.cuda.current_device`, a Python function that re-checks lazy
     init on every call; once a kernel launches, CUDA is initialised and torch's C getter says the same."""
-    from triton.runtime.driver import driver
-    device = driver.active.get_current_device
+    driver = triton_driver.active()
+    device = driver.get_current_device
     if device is torch.cuda.current_device:
         device = torch._C._cuda_getDevice
-    return device, driver.active.get_current_stream
+    return device, driver.get_current_stream
 
 
 def _hot_path(launcher: "Launcher", n_args: int, tensor_pos) -> Callable:
