@@ -189,6 +189,24 @@ def integer_form(expr: Expr) -> Expr:
     return out
 
 
+def exact_fraction(expr: Expr) -> Expr | None:
+    """expr with each float written as the fraction it is, where that changes nothing: a float whose binary
+    fraction has at most EXACT_FLOAT_BITS significant bits times a size (under 2**31) is exact in float64,
+    so rounding Python's float product down gives the fraction's floor (`trunc(float(s) * 1.5)` is
+    floor(3*s/2)). None where a float has more bits: float(s) * 1.7 rounds in float64 (10 * 1.7 is 17.0,
+    where the float nearest 1.7 times 10 is below 17), which no exact expression of s reproduces."""
+    floats = {}
+    for f in expr.atoms(sympy.Float):
+        q = sympy.Rational(float(f))
+        if q.q & (q.q - 1) or abs(q.p).bit_length() > EXACT_FLOAT_BITS:
+            return None
+        floats[f] = q
+    return expr.xreplace(floats) if floats else expr
+
+
+EXACT_FLOAT_BITS = 21
+
+
 def has_division(expr: Expr) -> bool:
     """Whether expr divides outside FloorDiv / ModularIndexing: a fraction, or a negative power (a size a
     view infers as numel / (the other sizes), which sympy cannot cancel)."""
@@ -213,8 +231,12 @@ def _integer_function(expr: Expr, args: list) -> Expr:
         return FloorDiv(args[0] + args[1] - 1, args[1])
     if isinstance(expr, sympy.Mod) or name in ("Mod", "PythonMod"):
         return ModularIndexing(args[0], sympy.Integer(1), args[1])
-    if isinstance(expr, (sympy.floor, sympy.ceiling)) or name in ("FloorToInt", "CeilToInt"):
-        out = _floor_of_ratio(args[0], ceil=isinstance(expr, sympy.ceiling) or name == "CeilToInt")
+    if name == "ToFloat":                                  # torch's: an integer as a float
+        return args[0]
+    if isinstance(expr, (sympy.floor, sympy.ceiling)) or name in ("FloorToInt", "CeilToInt", "TruncToInt"):
+        exact = exact_fraction(args[0])     # a size times a float (a resize's scaled size); trunc of a size is floor
+        out = None if exact is None else \
+            _floor_of_ratio(exact, ceil=isinstance(expr, sympy.ceiling) or name == "CeilToInt")
         return expr.func(*args) if out is None else out
     if name == "PowByNatural":
         return sympy.Pow(*args)

@@ -20,7 +20,7 @@ from ..graph.passes.common import VIEW_OPS
 from ..ir.deps import record_loops
 from ..ir.nodes import (Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, IRNode, Layout, Loops,
                         MultiOutput, Pointwise, ReinterpretView, TensorBox)
-from ..ir.symbolic import hint, integer_form, product, sympify
+from ..ir.symbolic import exact_fraction, hint, integer_form, product, sympify
 from .fallback import fallback, fallback_higher_order, store_dense
 from .layouts import is_dense, is_non_overlapping, same_shape
 from .mutation import flush_mutations
@@ -227,9 +227,17 @@ class GraphLowering(torch.fx.Interpreter):
                     log.debug("ember: %s runs as an ATen call: %s", target, e)
             return fallback_higher_order(target, args, kwargs, self.current_node)
         if callable(target) and _is_sym_python_op(target):
-            # math.ceil / floor / trunc of a symbolic quotient: sympy's functions (Python's would ask the
-            # expression for a float); a size is non-negative, so trunc is floor
+            if target is torch.sym_float and args and isinstance(args[0], sympy.Expr):
+                return args[0]      # a size as a float (a resize's scaled size): the same value
+            # math.ceil / floor / trunc of a symbolic quotient or of a size times a float: sympy's functions
+            # (Python's would ask the expression for a float) of the exact fraction; a size is
+            # non-negative, so trunc is floor
             sym = _ROUNDINGS.get(target) if args and isinstance(args[0], sympy.Expr) else None
+            if sym is not None:
+                exact = exact_fraction(args[0])
+                if exact is None:
+                    raise Unsupported(f"{target.__name__} of {args[0]}: a size computed in rounded float arithmetic")
+                args = (exact,) + tuple(args[1:])
             result = sym(*args) if sym is not None else target(*args)
             # Python's `//` and `%` on sympy values are sympy's floor(a/b) and Mod: an integer size is
             # written as ember writes it, to meet the sizes it equals

@@ -204,3 +204,23 @@ def test_a_view_infers_its_free_size_as_an_integer():
         wv = (hv + 1) // 2
         hpv = hv + (wv - hv % wv) % wv
         assert size[0].subs({b: bv, h: hv}) == bv * hpv * hpv // ((hpv // wv) ** 2 * wv * wv)
+
+
+def test_a_size_scaled_by_a_float_is_an_integer_where_the_float_product_is_exact():
+    """torch writes a resize's scaled size as TruncToInt(scale * ToFloat(s)): with a scale of few significant
+    bits it is the floor of an exact fraction, equal to Python's float product rounded down; with 1.7 it
+    stays as torch wrote it (float(10) * 1.7 is 17.0, the fraction of the float nearest 1.7 times 10 is below
+    17)."""
+    import math
+    import torch.utils._sympy.functions as tf
+    from ember.codegen.cpp.indexing import cpp_index
+    from ember.ir.symbolic import exact_fraction, integer_form
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    for scale in (1.5, 0.5, 2.0, 1.25, 0.375):
+        e = integer_form(tf.TruncToInt(sympy.Float(scale) * tf.ToFloat(s)))
+        assert not e.atoms(sympy.Float) and "floor" not in cpp_index(e), e
+        for v in (1, 2, 5, 7, 10, 33, 1001, 2**30 - 1):
+            assert e.subs(s, v) == math.trunc(float(v) * scale), (scale, v)
+    assert exact_fraction(sympy.Float(1.7) * s) is None
+    assert math.trunc(float(10) * 1.7) == 17 and math.floor(sympy.Rational(1.7) * 10) == 16
+    assert integer_form(tf.TruncToInt(sympy.Float(1.7) * tf.ToFloat(s))).atoms(sympy.Float)

@@ -137,3 +137,40 @@ def test_resize_of_dynamic_sizes(device, resize):
         x = torch.randn(2, 3, n, n + 1, device=device)
         assert_close(f(x), resize(x))
     assert ember.metrics.eager_fallbacks == 0
+
+
+@pytest.mark.parametrize("resize", [
+    lambda a: F.interpolate(a, scale_factor=1.5, mode="nearest"),
+    lambda a: F.interpolate(a, scale_factor=0.5, mode="nearest-exact"),
+    lambda a: F.interpolate(a, scale_factor=2, mode="bicubic"),
+    lambda a: F.interpolate(a, scale_factor=(1.25, 2.0), mode="bilinear", align_corners=True),
+], ids=["nearest_1.5", "nearest_exact_0.5", "bicubic_2", "bilinear_1.25_2"])
+def test_resize_by_scale_factor_of_dynamic_sizes(device, resize):
+    """A scaled size is trunc(float(s) * scale). Where the scale has few significant bits the float product is
+    exact, so the size is the fraction's floor (floor(3*s/2) for 1.5) and the graph compiles; forward and
+    backward against eager on sizes where the product is and is not a whole number."""
+    f = fresh_compile(resize, dynamic=True)
+    for n in (5, 8, 11):
+        x = torch.randn(2, 3, n, n + 3, device=device, requires_grad=True)
+        out = f(x)
+        grad = torch.randn_like(out)
+        (got,) = torch.autograd.grad(out, x, grad)
+        expected = resize(x)
+        (want,) = torch.autograd.grad(expected, x, grad)
+        assert out.shape == expected.shape
+        assert_close(out, expected)
+        assert_close(got, want)
+    assert ember.metrics.eager_fallbacks == 0
+
+
+def test_resize_by_a_scale_that_rounds_in_float_runs_eagerly(device):
+    """trunc(float(10) * 1.7) is 17 where the exact product of 10 and the float nearest 1.7 is below 17: no
+    exact size expression reproduces Python's rounding, so the graph runs eagerly, with eager's sizes."""
+    resize = lambda a: F.interpolate(a, scale_factor=1.7, mode="nearest")  # noqa: E731
+    f = fresh_compile(resize, dynamic=True)
+    with ember.config.patch(fallback_on_error=True), pytest.warns(RuntimeWarning, match="run it eagerly"):
+        for n in (10, 7):
+            x = torch.randn(1, 2, n, n, device=device)
+            out = f(x)
+            assert out.shape == resize(x).shape and torch.equal(out, resize(x))
+    assert ember.metrics.eager_fallbacks >= 1
