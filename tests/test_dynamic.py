@@ -9,6 +9,7 @@ test uses sizes >= 2; a later call with a size of 0 or 1 is a new specialization
 which the tests assert explicitly.
 """
 import copy
+import math
 import warnings
 
 import pytest
@@ -157,6 +158,28 @@ def test_cross_entropy_over_a_symbolic_number_of_classes():
         expected.backward()
         assert_close(loss, expected, 1e-5, 1e-6, what=f"loss {n}x{classes}")
         assert_close(ours, x.grad, 1e-5, 1e-6, what=f"grad {n}x{classes}")
+    assert_compiles(counter, 1, training=True)
+
+
+def _same_padding(x, k=3, stride=2, dilation=1):
+    """TensorFlow's "same" padding as timm's EfficientNetV2 (tf_ variants) computes it from the image size."""
+    ih, iw = x.shape[-2:]
+    pad_h = max((math.ceil(ih / stride) - 1) * stride + (k - 1) * dilation + 1 - ih, 0)
+    pad_w = max((math.ceil(iw / stride) - 1) * stride + (k - 1) * dilation + 1 - iw, 0)
+    return F.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2]).tanh()
+
+
+def test_padding_sized_by_max_of_sizes():
+    # max(p - s, 0) of sizes reaches ember as torch.sym_max of sympy values: sympy's Max, not a Python call
+    # (which asked the expression for a number and sent the graph to eager)
+    compiled, counter = compile_counted(_same_padding)
+    for n in (5, 8, 9, 16):
+        x = torch.randn(2, 3, n, n + 1, requires_grad=True)
+        out = run_and_compare(_same_padding, compiled, x, what=f"padded {n}")
+        grad = torch.randn_like(out)
+        (ours,) = torch.autograd.grad(out, x, grad)
+        (expected,) = torch.autograd.grad(_same_padding(x), x, grad)
+        assert_close(ours, expected, what=f"grad {n}")
     assert_compiles(counter, 1, training=True)
 
 

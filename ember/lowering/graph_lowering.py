@@ -232,6 +232,8 @@ class GraphLowering(torch.fx.Interpreter):
             # math.ceil / floor / trunc of a symbolic quotient or of a size times a float: sympy's functions
             # (Python's would ask the expression for a float) of the exact fraction; a size is
             # non-negative, so trunc is floor
+            if target in _EXTREMES and any(isinstance(a, sympy.Expr) for a in args):
+                return integer_form(_EXTREMES[target](*args))     # TF-style "same" padding: max(p - s, 0)
             sym = _ROUNDINGS.get(target) if args and isinstance(args[0], sympy.Expr) else None
             if sym is not None:
                 exact = exact_fraction(args[0])
@@ -364,6 +366,8 @@ def _is_sym_python_op(target) -> bool:
 
 
 _ROUNDINGS = {math.ceil: sympy.ceiling, math.floor: sympy.floor, math.trunc: sympy.floor}
+# torch.sym_max / sym_min of a size: sympy's (torch's would ask a sympy value for a number)
+_EXTREMES = {torch.sym_max: sympy.Max, torch.sym_min: sympy.Min}
 
 _SYMBOLIC_OPS = {
     aten.sym_size.int: lambda x, d: x.get_size()[d],
