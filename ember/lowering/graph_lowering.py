@@ -232,14 +232,14 @@ class GraphLowering(torch.fx.Interpreter):
             # math.ceil / floor / trunc of a symbolic quotient or of a size times a float: sympy's functions
             # (Python's would ask the expression for a float) of the exact fraction; a size is
             # non-negative, so trunc is floor
-            if target in _EXTREMES and any(isinstance(a, sympy.Expr) for a in args):
-                return integer_form(_EXTREMES[target](*args))     # TF-style "same" padding: max(p - s, 0)
             sym = _ROUNDINGS.get(target) if args and isinstance(args[0], sympy.Expr) else None
             if sym is not None:
                 exact = exact_fraction(args[0])
                 if exact is None:
                     raise Unsupported(f"{target.__name__} of {args[0]}: a size computed in rounded float arithmetic")
                 args = (exact,) + tuple(args[1:])
+            if target in _EXTREMES and any(isinstance(a, sympy.Expr) for a in args):
+                sym = _EXTREMES[target]       # TF-style "same" padding: max(p - s, 0) of sizes
             result = sym(*args) if sym is not None else target(*args)
             # Python's `//` and `%` on sympy values are sympy's floor(a/b) and Mod: an integer size is
             # written as ember writes it, to meet the sizes it equals
