@@ -230,14 +230,11 @@ class GraphLowering(torch.fx.Interpreter):
             if target is torch.sym_float and args and isinstance(args[0], sympy.Expr):
                 return args[0]      # a size as a float (a resize's scaled size): the same value
             # math.ceil / floor / trunc of a symbolic quotient or of a size times a float: sympy's functions
-            # (Python's would ask the expression for a float) of the exact fraction; a size is
-            # non-negative, so trunc is floor
+            # (Python's would ask the expression for a float), which integer_form below writes as the floor of
+            # an exact fraction; a size is non-negative, so trunc is floor
             sym = _ROUNDINGS.get(target) if args and isinstance(args[0], sympy.Expr) else None
-            if sym is not None:
-                exact = exact_fraction(args[0])
-                if exact is None:
-                    raise Unsupported(f"{target.__name__} of {args[0]}: a size computed in rounded float arithmetic")
-                args = (exact,) + tuple(args[1:])
+            if sym is not None and exact_fraction(args[0]) is None:
+                raise Unsupported(f"{target.__name__} of {args[0]}: a size computed in rounded float arithmetic")
             if target in _EXTREMES and any(isinstance(a, sympy.Expr) for a in args):
                 sym = _EXTREMES[target]       # TF-style "same" padding: max(p - s, 0) of sizes
             result = sym(*args) if sym is not None else target(*args)
