@@ -593,3 +593,48 @@ def test_conv_feature_lengths_index_like_the_sizes_they_equal():
     # torch writes T as (L // 10) - 1 in the graph's size arithmetic, and ember wrote L // 10 as sympy's
     # floor(L/10) beside its own FloorDiv(L, 10) in one index: the C++ kernel took a float modulus
     _eval_in_one_graph(_ConvFeatures, [(2, 1600), (3, 2300), (2, 3705)])
+
+
+class _PatchUnfold(nn.Module):
+    """MobileViT's block: a strided convolution (H = ceil(s / 2)), the map cut into 2x2 patches by reshapes
+    and transposes over ceil(H / 2) patches a side (a token per patch position, [B * 4, patches, C]),
+    a residual linear layer and a norm over the tokens, then folded back and projected."""
+
+    def __init__(self, c=8, d=12):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, stride=2, padding=1)
+        self.proj = nn.Conv2d(c, d, 1)
+        self.mix = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+        self.back = nn.Conv2d(d, c, 1)
+
+    def forward(self, x):
+        x = self.proj(self.conv(x))
+        B, C, H, W = x.shape
+        nh, nw = math.ceil(H / 2), math.ceil(W / 2)
+        if 2 * nh != H or 2 * nw != W:
+            x = F.interpolate(x, size=(2 * nh, 2 * nw), mode="bilinear", align_corners=False)
+        x = x.reshape(B * C * nh, 2, nw, 2).transpose(1, 2)
+        x = x.reshape(B, C, nh * nw, 4).transpose(1, 3).reshape(B * 4, nh * nw, -1)
+        x = self.norm(x + self.mix(x))
+        x = x.contiguous().view(B, 4, nh * nw, -1).transpose(1, 3).reshape(B * C * nh, nw, 2, 2)
+        x = x.transpose(1, 2).reshape(B, C, 2 * nh, 2 * nw)
+        return self.back(x).tanh()
+
+
+def test_patch_unfolding_trains_under_symbolic_sizes():
+    # the unfolded indices nest floors of sizes written both as 4*FloorDiv(s - 1, 4) + 4 and 4*(FloorDiv(..) + 1):
+    # their divisibility is read factor by factor, so the compile takes seconds, where cancelling every
+    # floor as a polynomial took minutes
+    torch.manual_seed(0)
+    model = _PatchUnfold()
+    compiled, counter = compile_counted(copy.deepcopy(model))
+    for shape in ((2, 3, 16, 24), (3, 3, 24, 32)):
+        x = torch.randn(shape)
+        out = run_and_compare(model, compiled, x, rtol=1e-4, atol=1e-5, what=f"input {shape}")
+        grad = torch.randn_like(out)
+        expected = torch.autograd.grad(model(x), list(model.parameters()), grad)
+        got = torch.autograd.grad(compiled(x), list(compiled.parameters()), grad)
+        for name, a, b in zip([n for n, _ in model.named_parameters()], got, expected):
+            assert_close(a, b, 1e-4, 1e-5, what=f"grad of {name}, input {shape}")
+    assert_compiles(counter, 1, training=True)

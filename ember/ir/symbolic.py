@@ -49,11 +49,11 @@ class FloorDiv(sympy.Function):
         if base.is_Add:
             whole, rest = _split_multiples(base.args, divisor)
             if whole and rest:
-                return sympy.Add(*[_simplify(t / divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
+                return sympy.Add(*[_quotient(t, divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
             if whole and not rest:
-                return sympy.Add(*[_simplify(t / divisor) for t in whole])
+                return sympy.Add(*[_quotient(t, divisor) for t in whole])
         if _is_multiple(base, divisor):
-            return _simplify(base / divisor)
+            return _quotient(base, divisor)
         return None
 
     def _eval_is_nonnegative(self):
@@ -119,9 +119,83 @@ def _split_multiples(terms, divisor: Expr):
     return out, rest + [t for t in whole if not t.is_nonpositive]
 
 
+def _is_integer_product(q: Expr) -> bool:
+    """q is a product of integer factors as written (no factor divides): sympy's own Mul already cancels
+    the factors a term and its divisor share, so this answers most multiples without a polynomial gcd."""
+    for f in sympy.Mul.make_args(q):
+        if f.is_Number:
+            if not f.is_Integer:
+                return False
+        elif (f.is_Pow and not (f.exp.is_Integer and f.exp > 0)) or not f.is_integer:
+            return False
+    return True
+
+
+def _is_monomial(e: Expr) -> bool:
+    """e is a number times powers of atoms (symbols, floors, moduli): no sum inside for a gcd to find."""
+    for f in sympy.Mul.make_args(e):
+        if f.is_Pow:
+            f = f.base
+        if not (f.is_Number or f.is_Symbol or isinstance(f, (FloorDiv, ModularIndexing))):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=65536)
+def _primitive(e: Expr) -> Expr:
+    """e with each sum among its factors written as its content times a primitive sum (4*F + 4 ->
+    4*(F + 1)): a size such as ceil(s / 16) = FloorDiv(s - 1, 16) + 1 reaches indices both ways, and
+    written alike its occurrences cancel as factors."""
+    def primitive(f):
+        if f.is_Add:
+            return sympy.factor_terms(f)
+        if f.is_Pow and f.base.is_Add:
+            return sympy.Pow(sympy.factor_terms(f.base), f.exp)
+        return f
+    return sympy.Mul(*[primitive(f) for f in sympy.Mul.make_args(e)])
+
+
+@functools.lru_cache(maxsize=65536)
+def tree_size(e: Expr) -> int:
+    """The number of nodes of e's expression tree."""
+    return sum(1 for _ in sympy.preorder_traversal(e))
+
+
+def _quotient(term: Expr, divisor: Expr) -> Expr:
+    """term / divisor for a term `_is_multiple` found divisible, without a polynomial gcd where the
+    factors cancel as written (the quotient is then what cancelling would give, multiplied out)."""
+    q = term / divisor
+    if _is_integer_product(q):
+        return expand_index(q)
+    d = _primitive(divisor)
+    terms = [_primitive(t) / d for t in sympy.Add.make_args(term)]
+    if all(_is_integer_product(t) for t in terms):
+        return expand_index(sympy.Add(*terms))
+    return _simplify(term / divisor)
+
+
+# Above this many nodes an index is not cancelled against a divisor (a polynomial gcd over every floor and
+# modulus in it as a generator): on MobileViT's views of views under dynamic shapes such calls took up to
+# seconds each and never found a multiple that the factor-wise check had not
+CANCEL_MAX_NODES = 100
+
+
 def _is_multiple(term: Expr, divisor: Expr) -> bool:
+    """Whether term is divisible by divisor for every value of the sizes (False where that is not known)."""
     if divisor == 1:
         return True
+    terms = sympy.Add.make_args(term)
+    if all(_is_integer_product(t / divisor) for t in terms):
+        return True
+    if _is_monomial(divisor) and all(_is_monomial(t) for t in terms):
+        # a sum of monomials is a multiple of a monomial only term by term: cancelling finds nothing more,
+        # and on the long indices of views of views it cost milliseconds per call
+        return False
+    d = _primitive(divisor)
+    if all(_is_integer_product(_primitive(t) / d) for t in terms):
+        return True
+    if tree_size(term) + tree_size(divisor) > CANCEL_MAX_NODES:
+        return False
     q = _simplify(term / divisor)
     if q.is_integer:
         return True
@@ -205,6 +279,16 @@ def exact_fraction(expr: Expr) -> Expr | None:
 
 
 EXACT_FLOAT_BITS = 21
+
+
+@functools.lru_cache(maxsize=65536)
+def expand_index(expr: Expr) -> Expr:
+    """sympy.expand(expr), without its cost where there is nothing to multiply out (no product or power
+    of a sum anywhere in the tree), as in most indices: expand rebuilds every node of a long index."""
+    for e in sympy.preorder_traversal(expr):
+        if (e.is_Mul and any(a.is_Add for a in e.args)) or (e.is_Pow and e.base.is_Add):
+            return sympy.expand(expr)
+    return expr
 
 
 def has_division(expr: Expr) -> bool:
@@ -393,7 +477,7 @@ def _guards_suppressed(env) -> bool:
 def _as_mod_terms(expr: Expr):
     """expr -> list of (coef, base, divisor, modulus-or-None) and a remainder (non-modular part)."""
     terms, rest = [], sympy.Integer(0)
-    for t in sympy.Add.make_args(sympy.expand(expr)):
+    for t in sympy.Add.make_args(expand_index(expr)):
         coef, atoms = sympy.Integer(1), []
         for f in sympy.Mul.make_args(t):
             if isinstance(f, (FloorDiv, ModularIndexing)) or (isinstance(f, sympy.Symbol) and not _is_size_symbol(f)):
@@ -531,7 +615,7 @@ def _coef_and_rest(term: Expr):
 
 def _rank(e: Expr) -> int:
     """Order candidate divisors by size (sizes taken as large): only which is tried first depends on it."""
-    return int(e.subs({x: 1024 for x in e.free_symbols}))
+    return int(e.xreplace({x: sympy.Integer(1024) for x in free_symbols(e)}))
 
 
 def _split_base(base, d: Expr, maxes: dict):
@@ -549,7 +633,7 @@ def _split_base(base, d: Expr, maxes: dict):
             continue
         bound = _upper(sympy.Add(*small), maxes) if small else sympy.Integer(0)
         if bound is not None and _known_lt(bound, a):
-            return sympy.Add(*[_simplify(c / a) * r for c, r in big]), a
+            return sympy.Add(*[_quotient(c, a) * r for c, r in big]), a
     return None
 
 
@@ -560,7 +644,7 @@ def _bounded(e, maxes: dict):
         return sympy.Integer(0)
     if isinstance(e, FloorDiv):
         sp = _split_base(base, d, maxes)
-        return e if sp is None else FloorDiv(sp[0], _simplify(d / sp[1]))
+        return e if sp is None else FloorDiv(sp[0], _quotient(d, sp[1]))
     m = e.args[2]
     if d == 1 and top is not None and _known_lt(top, m):
         return base
@@ -573,7 +657,7 @@ def _bounded(e, maxes: dict):
                 w = sympy.expand(base - a * sp[0])
                 return a * ModularIndexing(sp[0], sympy.Integer(1), sympy.Integer(int(m) // a)) + w
     sp = _split_base(base, d, maxes)
-    return e if sp is None else ModularIndexing(sp[0], _simplify(d / sp[1]), m)
+    return e if sp is None else ModularIndexing(sp[0], _quotient(d, sp[1]), m)
 
 
 @functools.lru_cache(maxsize=65536)

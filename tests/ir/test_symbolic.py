@@ -126,6 +126,29 @@ def test_bounds_in_symbolic_sizes_simplify_views():
     assert simplify_index(FloorDiv(s0 * x + r, s0), ((x, s1), (r, s0 + 1))) == FloorDiv(s0 * x + r, s0)
 
 
+def test_a_size_written_as_a_sum_divides_whichever_way_it_is_written():
+    """ceil(s / 16) is FloorDiv(s - 1, 16) + 1; views write its multiples expanded (4*F + 4) or factored
+    (4*(F + 1)), and a floor by one of a multiple of the other is exact either way."""
+    x, r = sympy.symbols("xindex rindex", integer=True, nonnegative=True)
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    f = FloorDiv(s0 - 1, 16)
+    assert FloorDiv(256 * (f + 1) ** 2 * x, 4 * f + 4) == sympy.expand(64 * (f + 1) * x)
+    assert FloorDiv((4 * f + 4) * x + r, 4 * (f + 1)) == x + FloorDiv(r, 4 * f + 4)
+    assert FloorDiv(3 * (f + 1) * x, 2 * f + 2).has(FloorDiv)            # 3/2 of an integer: not exact
+    assert ModularIndexing(8 * (f + 1) * x + r, 1, 4 * f + 4) == ModularIndexing(r, 1, 4 * f + 4)
+
+
+def test_contiguous_dim_is_the_variable_an_index_moves_by_one():
+    from ember.schedule.tiling import _contiguous_dim
+    i0, i1 = sympy.symbols("i0 i1", integer=True, nonnegative=True)
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert _contiguous_dim(s0 * i0 + i1, [i0, i1]) == 1
+    assert _contiguous_dim(i0 + 8 * i1, [i0, i1]) == 0
+    assert _contiguous_dim(2 * i0 + s0 * i1, [i0, i1]) is None
+    assert _contiguous_dim(i1 + 4 * FloorDiv(i1, 16) + 64 * i0, [i0, i1]) is None     # moves by 5 at every 16th
+    assert _contiguous_dim(s0 * (i0 + 1) + i1, [i0, i1]) == 1
+
+
 def test_index_printer_spells_torchs_ceil_and_floor_of_a_ratio():
     # shapes of fused attention's outputs on a GPU hold CeilToInt(IntTrueDiv(s, 16)) with symbolic sizes
     import math

@@ -14,7 +14,7 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, Remembered, hint, simplify_index
+from ...ir.symbolic import FloorDiv, ModularIndexing, Remembered, hint, simplify_index, tree_size
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -109,6 +109,12 @@ def _boundaries(e) -> set:
     return out
 
 
+# Indices longer than this are not tried as rows: each candidate row length rewrites and simplifies every
+# index again, and the views of views of a dynamic-shape graph (MobileViT's patch unfolding, sizes such as
+# ceil(s / 16)) reach thousands of nodes, where the tries took minutes per graph
+ROWS_MAX_INDEX_NODES = 400
+
+
 def choose_rows(group) -> tuple[Optional[sympy.Expr], int]:
     """(R, awkward): the row length R to run a pointwise group as rows (a loop over rows, a SIMD loop
     along each row), or None to keep one flat loop (already vector-friendly, or no row length helps);
@@ -123,8 +129,8 @@ def choose_rows(group) -> tuple[Optional[sympy.Expr], int]:
         subs = n.flat_vars(flat_group)
         exprs += [canonical(d.index, subs, flat_group) for d in n.read_deps + n.write_deps]
     flat = sum(not _vector_friendly(e, XINDEX) for e in exprs)
-    if flat == 0:
-        return None, 0
+    if flat == 0 or max(tree_size(e) for e in exprs) > ROWS_MAX_INDEX_NODES:
+        return None, flat
     best = None
     for R in set().union(*(_boundaries(e) for e in exprs)):
         if R == 1 or hint(R) < MIN_ROW or _exact_div(X, R) is None:
