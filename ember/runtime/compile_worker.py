@@ -110,9 +110,10 @@ class Worker:
         facts = []
         for meta in job["configs"]:
             kernel = fn.warmup(*job["args"], grid=(1,), **meta)
-            if kernel is not None:
-                build_launcher(kernel)
             facts.append(self._facts(job, kernel))
+            if kernel is not None and facts[-1] is None:
+                # only a binary torch's C launcher cannot take is launched through Triton's own launcher
+                build_launcher(kernel)
         return facts
 
     def _facts(self, job: dict, kernel):

@@ -309,6 +309,27 @@ def test_triton_key_is_hashed_ahead_in_the_workers(monkeypatch):
     assert key.cache_info().currsize == 1
 
 
+def test_a_worker_builds_tritons_launcher_only_for_binaries_the_c_launcher_cannot_take(monkeypatch):
+    """Triton versions that compile a C launcher per kernel signature take about half a second a job for it;
+    a binary whose launch facts the worker returns launches through torch's C launcher, so none is built
+    for it (the compile itself and the facts: test_workers_say_what_launching_each_binary_takes)."""
+    import importlib
+    import types
+    worker_module = importlib.import_module("ember.runtime.compile_worker")
+    built = []
+    monkeypatch.setattr(worker_module, "build_launcher", built.append)
+    worker = worker_module.Worker()
+    kernels = types.SimpleNamespace(k=types.SimpleNamespace(warmup=lambda *args, grid, **meta: ("binary", meta)))
+    monkeypatch.setattr(worker, "_aim", lambda target: None)
+    monkeypatch.setattr(worker, "_module", lambda path, helpers: kernels)
+    monkeypatch.setattr(worker, "_facts", lambda job, kernel: {"name": "k"} if job.get("static_launch") else None)
+    job = {"path": "p", "helpers": "h", "kernel": "k", "target": ("cuda", 90, 32), "args": [4096],
+           "configs": [{"XBLOCK": 64}, {"XBLOCK": 128}]}
+    assert worker.compile(dict(job, static_launch="s")) == [{"name": "k"}] * 2 and built == []
+    assert worker.compile(job) == [None, None]              # no facts asked for: Triton launches them
+    assert built == [("binary", {"XBLOCK": 64}), ("binary", {"XBLOCK": 128})]
+
+
 def test_a_call_the_binary_was_built_for():
     """The preloaded binary serves exactly the calls Triton's JIT would give it: pointers of the built
     dtypes, 16-byte aligned, and every other argument equal to the built value (of the same type)."""
@@ -462,6 +483,16 @@ def test_a_gpu_machine_boots_the_zygote_when_dynamo_starts(monkeypatch, warmed):
     torch.compile(lambda x: x * 2, backend=backend)(torch.randn(3))
     assert warmed == ["cuda"]
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cuda_in_use", [True, False])
+def test_importing_ember_with_cuda_in_use_warms_the_gpu_backend_up(monkeypatch, warmed, cuda_in_use):
+    """torch.compile looks ember up (imports it) before the first trace: where the process already uses
+    its GPU the compile workers' zygote boots then; elsewhere (the command line, CPU programs) nothing starts."""
+    from ember import dynamo
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda_in_use)
+    dynamo.register()
+    assert warmed == (["cuda"] if cuda_in_use else [])
 
 
 @pytest.mark.parametrize("other", ["eager", "aot_eager"])
