@@ -184,3 +184,17 @@ def register() -> None:
     if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
     _install_compile_callbacks()
+    _warm_up_if_gpu_in_use()
+
+
+def _warm_up_if_gpu_in_use() -> None:
+    """ember is imported when torch.compile looks its backend up. A process that has already put work on
+    its GPU will compile for it: its compile workers' zygote starts now, seconds before Dynamo's first
+    trace (its imports of torch and Triton took 4.3 s on an H200 host, as long as Dynamo's trace and
+    AOTAutograd's before the first kernels are sent). A process without CUDA in use (the command line, a
+    CPU program) starts nothing until Dynamo compiles for ember."""
+    try:
+        if torch.cuda.is_initialized():
+            backend_for("cuda").warm_up()
+    except Exception as e:    # noqa: BLE001 - the first compile warms the backend up
+        log.debug("ember: no warm-up at import: %s", e)
