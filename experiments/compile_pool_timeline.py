@@ -18,11 +18,18 @@ import time
 
 def one_run(name: str, mode: str) -> None:
     import torch
+    from experiments.anchor_module import anchor
+    am = anchor()
+    # as in the bench: the model is on the GPU when ember is imported (torch.compile's backend lookup)
+    model, inputs = am.build(name, mode, "cuda")
+    model = model.cuda()
+    if mode == "infer":
+        model = model.to(torch.bfloat16).eval()
+        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    imported = time.time()
     import ember
     from ember import dynamo
     from ember.runtime import compile_pool
-    from experiments.gather_probe import anchor
-    am = anchor()
     start = [time.time()]
     events = []
 
@@ -45,22 +52,30 @@ def one_run(name: str, mode: str) -> None:
     wrap(compile_pool, "start", before=lambda: compile_pool._pool or events.append(("pool start", at())))
     wrap(compile_pool, "precompile",
          after=lambda t, r, module, helpers, kernels: events.append((f"{len(kernels)} kernels sent / back", t, at())))
-    wrap(compile_pool._Process, "_read",
-         after=lambda t, r, *a: isinstance(r, dict) and "ready" in r and events.append(("worker ready", at())))
+    jobs = []       # (asked, answered) per job, after its worker was ready
+    original_ask = compile_pool._Process.ask
+
+    def ask(self, job):
+        if self.pid is None:
+            self.pid = self._read(compile_pool.BOOT_TIMEOUT_S)["ready"]
+            events.append(("worker ready", at()))
+        t = at()
+        answer = original_ask(self, job)
+        jobs.append((t, at(), f"{job['kernel']} {job['configs'][0]}"))
+        return answer
+    compile_pool._Process.ask = ask
     if hasattr(compile_pool, "_Zygote"):
         wrap(compile_pool._Zygote, "__init__", before=lambda *a: events.append(("zygote start", at())))
 
     def backend(gm, example_inputs):
         events.append(("graph reaches ember", at()))
         return dynamo.ember_backend(gm, example_inputs)
+    backend.__wrapped__ = dynamo.ember_backend      # ember's own: its zygote boots when Dynamo starts
 
-    model, inputs = am.build(name, mode, "cuda")
-    model = model.cuda()
-    if mode == "infer":
-        model = model.to(torch.bfloat16).eval()
-        inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
     compiled = torch.compile(model, backend=backend)
     start[0] = time.time()
+    if compile_pool._zygote:
+        events.append(("zygote start (at import)", imported - start[0]))
     if mode == "infer":
         with torch.no_grad():
             compiled(*inputs)
@@ -77,6 +92,13 @@ def one_run(name: str, mode: str) -> None:
             print(f"  {event[0]:28} " + " / ".join(f"{t:.2f}" for t in event[1:]))
     if ready:
         print(f"  {len(ready)} workers first answered  {min(ready):.2f} .. {max(ready):.2f}")
+    if jobs:
+        took = sorted(b - a for a, b, _ in jobs)
+        print(f"  {len(jobs)} jobs asked {min(a for a, _, _ in jobs):.2f} .. {max(a for a, _, _ in jobs):.2f}, "
+              f"answered by {max(b for _, b, _ in jobs):.2f}; each took {took[0]:.2f} / {took[len(took) // 2]:.2f} / "
+              f"{took[-1]:.2f} s (min / median / max); the longest:")
+        for a, b, what in sorted(jobs, key=lambda j: j[0] - j[1])[:3]:
+            print(f"    {b - a:.2f} s  {what}")
 
 
 def main() -> None:
