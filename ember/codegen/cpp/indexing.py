@@ -14,7 +14,8 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import FloorDiv, ModularIndexing, Remembered, hint, simplify_index, tree_size
+from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, expand_index, free_symbols, hint,
+                             simplify_index, tree_size)
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -73,10 +74,8 @@ def _vector_friendly(e, var) -> bool:
     """Affine in `var` with step 0 or 1: a broadcast or contiguous access in a SIMD loop over var."""
     if any(var in f.free_symbols for f in e.atoms(FloorDiv, ModularIndexing)):
         return False
-    try:
-        return sympy.diff(e, var) in (0, 1)
-    except (TypeError, ValueError):
-        return False
+    # outside floors and moduli the index is a polynomial: var's terms in the expanded sum are none or var
+    return [t for t in sympy.Add.make_args(expand_index(e)) if var in free_symbols(t)] in ([], [var])
 
 
 def _split_rows(expr, X, R):
