@@ -52,7 +52,7 @@ def one_run(name: str, mode: str) -> None:
     wrap(compile_pool, "start", before=lambda: compile_pool._pool or events.append(("pool start", at())))
     wrap(compile_pool, "precompile",
          after=lambda t, r, module, helpers, kernels: events.append((f"{len(kernels)} kernels sent / back", t, at())))
-    jobs = []       # (asked, answered) per job, after its worker was ready
+    jobs = []       # (asked, answered, kernel and config) per job, after its worker was ready
     original_ask = compile_pool._Process.ask
 
     def ask(self, job):
