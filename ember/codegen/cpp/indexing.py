@@ -15,7 +15,7 @@ from typing import Optional
 import sympy
 
 from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, expand_index, free_symbols, hint,
-                             simplify_index, tree_size)
+                             simplify_index, size_symbols, tree_size)
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -66,6 +66,53 @@ _printer = CppIndexPrinter()
 def cpp_index(expr) -> str:
     # remembered, as print_index is
     return _printer.doprint(sympy.sympify(expr))
+
+
+# -- sizes named once per kernel ---------------------------------------------------------------------------
+
+def _sizes_only(e) -> bool:
+    return len(size_symbols(e)) == len(free_symbols(e))
+
+
+class SizeNames:
+    """The compound expressions in the sizes that a kernel's indices hold (FloorDiv(s0 - 1, 4) + 1, a view's
+    inferred size as a quotient of sizes), each computed once at the kernel's start as `ks<n>` and printed
+    by that name: under dynamic shapes the same few size expressions recur in every index, and printed
+    inline a view of a view's index reached 167 kB a line (MobileViT's patch unfolding), which g++ then
+    parsed for minutes. Static kernels have none: their sizes are integers."""
+
+    def __init__(self):
+        self.names: dict = {}                 # expression -> its symbol, in the order they were named
+        self._named: dict = {}                # index -> the index with its size expressions named
+
+    def __call__(self, index):
+        out = self._named.get(index)
+        if out is None:
+            out = self._named[index] = self._name(index) if size_symbols(index) else index
+        return out
+
+    def _name(self, e):
+        if e.is_Atom:
+            return e
+        if _sizes_only(e):
+            if not e.has(FloorDiv, ModularIndexing) and tree_size(e) <= 3:
+                return e                      # s0*s1, 2*s0 + 1: as short as a name
+            if e not in self.names:
+                self.names[e] = sympy.Symbol(f"ks{len(self.names)}", integer=True, positive=True)
+            return self.names[e]
+        if (e.is_Add or e.is_Mul) and sum(_sizes_only(a) and not a.is_Number for a in e.args) > 1:
+            # the terms (factors) in the sizes alone, together, are one expression to name
+            sized = e.func(*[a for a in e.args if _sizes_only(a)])
+            rest = [self._name(a) for a in e.args if not _sizes_only(a)]
+            return e.func(*rest, self._name(sized), evaluate=False)
+        args = [self._name(a) for a in e.args]
+        if all(a is b for a, b in zip(args, e.args)):
+            return e                          # nothing named inside: printed as it was
+        return e.func(*args, evaluate=False)
+
+    def definitions(self) -> list[str]:
+        """C++ lines declaring each name, for the top of the kernel's function."""
+        return [f"  const int64_t {name} = {cpp_index(e)};" for e, name in self.names.items()]
 
 
 # -- choosing the rows of a pointwise kernel --------------------------------------------------------------

@@ -43,7 +43,7 @@ from ...ir.symbolic import simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
 from ..reduction_steps import softmax_stats_finish, softmax_stats_lane_step, welford_reciprocal, welford_update
-from .indexing import MIN_ROW, cpp_index, split_rows
+from .indexing import MIN_ROW, SizeNames, cpp_index, split_rows
 from .spelling import CppExprs, CppSpelling, c_literal, ctype, load_expr, storage_type, store_expr
 from .prelude import LANES
 
@@ -98,6 +98,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         self.needs_store: set[str] = set()
         self.counter = itertools.count()
         self.args = ArgRegistry()
+        self.size_names = SizeNames()                 # compound size expressions, computed once per call
         reads = set().union(*(n.reads for n in self.nodes)) - self.local
         writes = set().union(*(n.writes for n in self.nodes)) - self.local
         # pointer kinds are settled before any code names a pointer: a buffer read and written is one
@@ -255,7 +256,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         kinds = [KValue("", torch.int64, k) for k, v in (("xr", RINDEX), ("x", XINDEX)) if v in syms]
         kinds += [self._tmp_values[s.name] for s in syms if s.name in self._tmp_values]
         kind = widest_kind(*kinds)
-        return cpp_index(index), ("scalar" if kind == "const" else kind)
+        return cpp_index(self.size_names(index)), ("scalar" if kind == "const" else kind)
 
     # -- memory ops ------------------------------------------------------------------------------------
 
@@ -493,9 +494,9 @@ class CppKernel(CppSpelling, SectionedKernel):
             args = ", ".join(p.split()[-1] for p in self.params())
             serial, threaded = self._tiled_loop()
             lines += [f"static __attribute__((noinline)) int {self.name}_threaded({params}) {{",
-                      "  int ember_err = 0;"] + threaded + ["  return ember_err;", "}"]
+                      "  int ember_err = 0;"] + self.size_names.definitions() + threaded + ["  return ember_err;", "}"]
         linkage = 'extern "C"' if exported else "static"
-        lines += [f"{linkage} int {self.name}({params}) {{", "  int ember_err = 0;"]
+        lines += [f"{linkage} int {self.name}({params}) {{", "  int ember_err = 0;"] + self.size_names.definitions()
         if not self.has_rdim:
             lines += self._pointwise_loop()
         elif self.tiled:

@@ -215,3 +215,29 @@ def test_independent_nodes_with_different_loops_run_as_separate_nests():
     check(split, x)
     src = sources(split, x)
     assert "_part0(" in src and "_part1(" in src and "ember::transpose_block(" in src, src
+
+
+def _patches(x):
+    """x cut into 2x2 patches, a token per patch position (MobileViT's unfolding), sizes ceil(H / 2)."""
+    B, C, H, W = x.shape
+    nh, nw = -(-H // 2), -(-W // 2)
+    y = x.reshape(B * C * nh, 2, nw, 2).transpose(1, 2).reshape(B, C, nh * nw, 4).transpose(1, 3)
+    return (y * 2).contiguous()
+
+
+def test_compound_sizes_are_computed_once_per_kernel():
+    """Under dynamic shapes the indices of views of views hold the same compound size expressions over and
+    over; each is declared once at the kernel's start (`ks<n>`) and the indices name it. Static kernels
+    print their integers as before."""
+    with tempfile.TemporaryDirectory() as d, ember.config.patch(debug=True, debug_dir=d):
+        torch._dynamo.reset()
+        compiled = torch.compile(_patches, backend="ember", dynamic=True)
+        for shape in ((2, 3, 8, 12), (3, 2, 12, 6)):
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), _patches(x))
+        src = "\n".join(open(p).read() for p in glob.glob(os.path.join(d, "*", "kernels.cpp")))
+    declared = re.findall(r"const int64_t (ks\d+) = ", src)
+    assert declared and len(declared) == len(set(declared)), src
+    body = src.split(") {", 1)[1]
+    assert all(re.search(rf"\b{k}\b", body.split(f"const int64_t {k} = ", 1)[1]) for k in declared), src
+    assert "ks0" not in sources(_patches, torch.randn(2, 3, 8, 12))
