@@ -52,9 +52,7 @@ class FloorDiv(sympy.Function):
                 return sympy.Add(*[_quotient(t, divisor) for t in whole]) + FloorDiv(sympy.Add(*rest), divisor)
             if whole and not rest:
                 return sympy.Add(*[_quotient(t, divisor) for t in whole])
-        if _is_multiple(base, divisor):
-            return _quotient(base, divisor)
-        return None
+        return _exact_quotient(base, divisor)
 
     def _eval_is_nonnegative(self):
         base, divisor = self.args
@@ -161,47 +159,48 @@ def tree_size(e: Expr) -> int:
     return sum(1 for _ in sympy.preorder_traversal(e))
 
 
-def _quotient(term: Expr, divisor: Expr) -> Expr:
-    """term / divisor for a term `_is_multiple` found divisible, without a polynomial gcd where the
-    factors cancel as written (the quotient is then what cancelling would give, multiplied out)."""
-    q = term / divisor
-    if _is_integer_product(q):
-        return expand_index(q)
-    d = _primitive(divisor)
-    terms = [_primitive(t) / d for t in sympy.Add.make_args(term)]
-    if all(_is_integer_product(t) for t in terms):
-        return expand_index(sympy.Add(*terms))
-    return _simplify(term / divisor)
-
-
 # Above this many nodes an index is not cancelled against a divisor (a polynomial gcd over every floor and
 # modulus in it as a generator): on MobileViT's views of views under dynamic shapes such calls took up to
 # seconds each and never found a multiple that the factor-wise check had not
 CANCEL_MAX_NODES = 100
 
 
-def _is_multiple(term: Expr, divisor: Expr) -> bool:
-    """Whether term is divisible by divisor for every value of the sizes (False where that is not known)."""
+def _exact_quotient(term: Expr, divisor: Expr) -> Optional[Expr]:
+    """term / divisor where term is divisible by divisor for every value of the sizes, multiplied out; None
+    where that is not known. Factor by factor first (sympy's Mul cancels the factors a term and its divisor
+    share, and sums written as content times a primitive sum cancel alike); a polynomial gcd only for
+    short indices whose factors hold sums."""
     if divisor == 1:
-        return True
+        return term
     terms = sympy.Add.make_args(term)
-    if all(_is_integer_product(t / divisor) for t in terms):
-        return True
+    quotients = [t / divisor for t in terms]
+    if all(_is_integer_product(q) for q in quotients):
+        return expand_index(sympy.Add(*quotients))
     if _is_monomial(divisor) and all(_is_monomial(t) for t in terms):
         # a sum of monomials is a multiple of a monomial only term by term: cancelling finds nothing more,
         # and on the long indices of views of views it cost milliseconds per call
-        return False
+        return None
     d = _primitive(divisor)
-    if all(_is_integer_product(_primitive(t) / d) for t in terms):
-        return True
+    quotients = [_primitive(t) / d for t in terms]
+    if all(_is_integer_product(q) for q in quotients):
+        return expand_index(sympy.Add(*quotients))
     if tree_size(term) + tree_size(divisor) > CANCEL_MAX_NODES:
-        return False
+        return None
     q = _simplify(term / divisor)
-    if q.is_integer:
-        return True
-    if q.is_Mul:
-        return all(a.is_integer for a in q.args)
-    return False
+    if q.is_integer or (q.is_Mul and all(a.is_integer for a in q.args)):
+        return q
+    return None
+
+
+def _is_multiple(term: Expr, divisor: Expr) -> bool:
+    """Whether term is divisible by divisor for every value of the sizes (False where that is not known)."""
+    return _exact_quotient(term, divisor) is not None
+
+
+def _quotient(term: Expr, divisor: Expr) -> Expr:
+    """term / divisor for a term found divisible."""
+    q = _exact_quotient(term, divisor)
+    return _simplify(term / divisor) if q is None else q
 
 
 class Remembered:
@@ -289,6 +288,11 @@ def expand_index(expr: Expr) -> Expr:
         if (e.is_Mul and any(a.is_Add for a in e.args)) or (e.is_Pow and e.base.is_Add):
             return sympy.expand(expr)
     return expr
+
+
+def terms_with(expr: Expr, var) -> list:
+    """The terms of expr's expanded sum that hold var (var itself for an index that moves by one along it)."""
+    return [t for t in sympy.Add.make_args(expand_index(expr)) if var in free_symbols(t)]
 
 
 def has_division(expr: Expr) -> bool:
@@ -589,7 +593,8 @@ def _upper(term, maxes: dict) -> Optional[Expr]:
             return None
         if b.is_Integer and d.is_Integer:
             return sympy.Integer(int(b) // int(d))
-        return _simplify((b + 1) / d) - 1 if _is_multiple(b + 1, d) else None
+        q = _exact_quotient(b + 1, d)
+        return None if q is None else q - 1
     if term.is_Mul or term.is_Add:
         bs = [_upper(f, maxes) for f in term.args]
         if None in bs:

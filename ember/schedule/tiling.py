@@ -12,7 +12,7 @@ from typing import Optional
 
 import sympy
 
-from ..ir.symbolic import expand_index, free_symbols, hint, product, simplify_index
+from ..ir.symbolic import hint, product, simplify_index, terms_with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +36,8 @@ def _contiguous_dim(expr, ivars) -> Optional[int]:
     """The loop dim along which expr moves by 1 (None if none or not linear): the one variable that is a
     term of the expanded sum and appears in no other term (inside a floor or modulus it does not move
     expr by 1 everywhere)."""
-    terms = sympy.Add.make_args(expand_index(expr))
     for k, v in enumerate(ivars):
-        if v in terms and not any(t != v and v in free_symbols(t) for t in terms):
+        if terms_with(expr, v) == [v]:
             return k
     return None
 

@@ -14,8 +14,8 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, expand_index, free_symbols, hint,
-                             simplify_index, size_symbols, tree_size)
+from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, free_symbols, hint, simplify_index,
+                             size_symbols, terms_with, tree_size)
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -122,7 +122,7 @@ def _vector_friendly(e, var) -> bool:
     if any(var in f.free_symbols for f in e.atoms(FloorDiv, ModularIndexing)):
         return False
     # outside floors and moduli the index is a polynomial: var's terms in the expanded sum are none or var
-    return [t for t in sympy.Add.make_args(expand_index(e)) if var in free_symbols(t)] in ([], [var])
+    return terms_with(e, var) in ([], [var])
 
 
 def _split_rows(expr, X, R):
