@@ -8,7 +8,8 @@ Each case runs in a fresh process with empty ember and Triton caches (a cold com
 and inputs (`build` of ../shared/bench/anchor_models.py), bf16 inference or bf16-autocast training as the
 anchor runs them, compiled with ember. Recorded per case: the first call's seconds, ember's compile seconds
 per stage, the Triton compile jobs sent to the workers, and for every kernel the autotuner timed, its
-candidates' times in candidate order (the heuristic's choice first) and its launches per step.
+candidates' times in candidate order (the heuristic's choice first), its launches per step and whether it is a
+Welford reduction.
 PROBE_NO_PREPARE=1 boots the compile workers at the first generated kernel instead of at AOTAutograd's trace.
 `--analyze` prints, per candidate-list policy, the step's tuned-kernel time against the full list's and
 the compile jobs it would need.
@@ -41,6 +42,12 @@ def _one(anchor: str, case: str) -> dict:
 
     tuned, launches, counting, jobs = [], collections.Counter(), [False], [0]
     fastest, tune, run = autotune.fastest, autotune.Autotuned._tune, autotune.Autotuned.run
+    kinds, init = {}, autotune.Autotuned.__init__
+
+    def init_recorded(self, fn, tuning, source):
+        init(self, fn, tuning, source)
+        kinds[self.key] = "welford" if "welford_combine" in source else "other"
+    autotune.Autotuned.__init__ = init_recorded
     current = [None]
 
     def tune_recorded(self, sizes, args, configs):
@@ -107,6 +114,7 @@ def _one(anchor: str, case: str) -> dict:
     times = [autotune.time_once(step) for _ in range(10)]
     for t in tuned:
         t["launches"] = launches.get(t["key"], 0)
+        t["kind"] = kinds.get(t["key"], "?")
     return {"case": case, "first_call_s": first, "step_ms": sorted(times)[len(times) // 2],
             "compile_s": ember.metrics.compile_seconds,
             "stages": dict(ember.metrics.compile_stage_seconds), "kernels": ember.metrics.generated_kernel_count,

@@ -198,3 +198,29 @@ def test_reductions_time_a_few_candidates_each_within_the_registers():
             assert c["RBLOCK"] == rblock and c["XBLOCK"] <= heuristics.next_pow2(X)
             assert 1 <= c["num_warps"] <= 16 and n // c["num_warps"] <= max(1024, n // 16)
             assert c["num_warps"] * 32 <= max(32, n)
+
+
+def test_strided_welford_reductions_do_not_time_the_slowest_compiling_config(monkeypatch):
+    """A strided var_mean (ViT's LayerNorm over a convolution's channels, BatchNorm statistics) is not tuned
+    over heuristics.SLOW_WELFORD_COLUMN_CONFIG, its slowest compile and never its winner; a strided sum
+    still is."""
+    from ember.codegen.triton import backend, heuristics
+    seen = []
+
+    def recorded(kernel, best):
+        cands = heuristics.candidate_configs(kernel, best)
+        seen.append({(c["XBLOCK"], c["RBLOCK"], c["num_warps"]) for c in cands})
+        return [best]            # one candidate: nothing is timed here
+    monkeypatch.setattr(backend, "candidate_configs", recorded)
+    monkeypatch.setattr(backend.TritonBackend, "tunes", property(lambda self: True))
+    monkeypatch.setattr(heuristics, "TUNE_MIN_ELEMENTS", 1)
+    x = torch.randn(768, 64)            # rows of 768 along a strided dim: one looped reduction
+    for fn, welford in ((lambda a: torch.var_mean(a, 0), True), (lambda a: (a.sum(0),), False)):
+        seen.clear()
+        with ember.config.patch(cpu_backend="triton"):
+            compiled = ember.compile_graph(make_fx(fn)(x), [x])
+            out = compiled([x])
+        for o, r in zip(out, fn(x)):
+            torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
+        assert len(seen) == 1 and len(seen[0]) >= 3, seen
+        assert (heuristics.SLOW_WELFORD_COLUMN_CONFIG in seen[0]) != welford, seen

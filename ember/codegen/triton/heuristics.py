@@ -101,6 +101,12 @@ TUNED_COLUMN_CONFIGS = ((8, 512, 8), (16, 128, 4), (32, 256, 8))
 # need their own launch configs"; `python -m experiments.column_reduction_probe`): a program per 16 columns
 # keeps 4x more programs in flight, and 4096 elements a step keep each one's loads long enough.
 LOOPED_COLUMN_CONFIGS = ((16, 256, 8),) + TUNED_COLUMN_CONFIGS
+# Not timed for a strided Welford reduction (var_mean): it never won there on the six anchor models' steps
+# (H200, ResNet-50 BatchNorm statistics within 1% of another candidate, ViT's LayerNorm over a convolution's
+# channels the slowest of the four), and it is the slowest compile ember sends: 1.7 s, the critical path of
+# ViT-B/16's cold first call, where the other candidates take 1.0 s (`python -m experiments.tuning_choice_probe`,
+# `python -m experiments.compile_pool_timeline vit_b16 infer`)
+SLOW_WELFORD_COLUMN_CONFIG = (32, 256, 8)
 # Never launched for a strided reduction, even where a short row clamps (64, 64, 8) to it: ConvNeXt's
 # LayerNorm weight gradients (a strided reduction that also reads a tile contiguous along rindex) fault
 # with "misaligned address" there under Triton 3.6 on H100 and H200 GPUs, reproduced standalone by
@@ -178,9 +184,14 @@ def candidate_configs(kernel, best: dict) -> list[dict]:
         cands = [{"XBLOCK": xb, "RBLOCK": rb, "num_warps": w, "RSTAGES": st}
                  for xb, rb, w, st in shapes if rb <= max(next_pow2(R), 1024)]
     else:
+        left_out = {FAULTING_COLUMN_CONFIG} | ({SLOW_WELFORD_COLUMN_CONFIG} if _has_welford(kernel) else set())
         cands = [c for c in (_looped_column_config(X, R, *c) for c in TUNED_COLUMN_CONFIGS)
-                 if (c["XBLOCK"], c["RBLOCK"], c["num_warps"]) != FAULTING_COLUMN_CONFIG]
+                 if (c["XBLOCK"], c["RBLOCK"], c["num_warps"]) not in left_out]
     return _first_eight(best, cands)
+
+
+def _has_welford(kernel) -> bool:
+    return any(getattr(n.buf.data, "reduction_type", None) == "welford" for n in kernel.nodes if n.is_kernel())
 
 
 # Persistent reductions' candidates beside the heuristic's: (elements of a program's block, warps). Over the
