@@ -118,6 +118,14 @@ class Config:
     # (graph/passes/bucket_collectives.py); 0 turns bucketing off.
     collective_bucket_bytes: int = dataclasses.field(
         default_factory=lambda: int(os.environ.get("EMBER_COLLECTIVE_BUCKET_BYTES", 25 << 20)))
+    # A misaligned 16-bit matrix product whose operand is a graph input of 256 MiB or more (a backward's
+    # logits gradient) copies a chunk of it at a time into an aligned buffer instead of padding it whole
+    # (graph/passes/post_grad.py): a logits-sized buffer less at the backward's peak, for one more read and
+    # write of the input. Off: on an H200, GPT-2's step with its own loss peaked at 4.92 GiB instead of 5.29
+    # but took 0.6-0.8 ms longer (27.3 against 26.5-26.8 ms), and where the peak is elsewhere (a loss computed
+    # outside the graph) it costs the time alone (docs/performance.md).
+    chunked_input_pads: bool = dataclasses.field(
+        default_factory=lambda: _env_bool("EMBER_CHUNKED_INPUT_PADS", False))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Keep compiled graphs on disk (runtime/graph_cache.py) and reuse them in later processes: a graph

@@ -556,6 +556,44 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
     assert ops.padded_mm in seen
 
 
+@pytest.mark.parametrize("chunk_bytes", [1 << 10, 1 << 30])
+def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monkeypatch, chunk_bytes):
+    """With config.chunked_input_pads, a graph input of PAD_INPUT_WHOLE_MAX_BYTES or more (here any) is
+    never padded whole: each product
+    reading it copies a chunk at a time into an aligned buffer (ember::chunk_padded_mm), so no padded copy
+    sits beside it while the graph runs (GPT-2's logits gradient). The backward of x @ w.t() (M = 203,
+    K = 96, N = 1001) reads its incoming gradient, reshaped, as is (M and K padded) and transposed (M and
+    K padded again); the forward of a linear with its bias reads a misaligned input (K = 1001). Many chunks or
+    one; values and gradients match eager."""
+    from ember.graph import custom_ops as ops
+    from ember.graph.passes import post_grad
+    _force_padding(monkeypatch, device)
+    monkeypatch.setattr(post_grad, "PAD_INPUT_WHOLE_MAX_BYTES", 0)
+    monkeypatch.setattr(ember.config, "chunked_input_pads", True)
+    monkeypatch.setattr(ops, "PADDED_MM_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
+    # a chunk's product sums its K terms in another order than the whole one (float32 on the CPU: 2.5e-5
+    # on sums of 1001 unit-scale terms)
+    tol = _padding_tolerance(device) or {"rtol": 1e-4, "atol": 1e-4}
+    graphs = []
+    # [7, 29, 96] tokens: the backward reads its [7, 29, 1001] gradient through a reshape
+    x, w = torch.randn(7, 29, 96, device=device), torch.randn(1001, 96, device=device)
+    with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
+        check(lambda x, w: (x.view(203, 96) @ w.t()).view(7, 29, 1001), x, w, grad=True, **tol)
+    backward = graphs[1]
+    chunked = [n for n in backward.nodes if n.target is ops.chunk_padded_mm]
+    assert sorted(n.args[1] for n in chunked) == [False, True], list(backward.nodes)
+    assert not any(n.target is aten.constant_pad_nd.default and n.args[0].meta["val"].numel() == 203 * 1001
+                   for n in backward.nodes)
+
+    graphs.clear()
+    h, w2 = torch.randn(203, 1001, device=device), torch.randn(96, 1001, device=device)
+    b2 = torch.randn(96, device=device)
+    with torch.no_grad(), ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
+        check(lambda h, w, b: F.linear(h, w, b), h, w2, b2, **tol)
+    assert [n.args[1] for n in graphs[0].nodes if n.target is ops.chunk_padded_mm] == [False]
+
+
 def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(device, monkeypatch):
     """GPT-2's LM head in inference: the logits, a view of the product padded along N, are returned with
     the padded row stride (as inductor returns them), values as eager's: no dense copy, no row chunks

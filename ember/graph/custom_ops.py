@@ -5,6 +5,10 @@ implementation, so a fake-tensor run and an ATen fallback work as for any op, an
     ember::softmax_stats(x, dim) -> (amax(x, dim, keepdim=True), sum(exp(x - amax), dim, keepdim=True))
         softmax's and log-softmax's row statistics as one reduction that reads each row once (an online
         max and rescaled sum, where a long row is reduced in chunks); lowered in lowering/reductions.py.
+    ember::padded_mm(a, b, bias, m, n), ember::chunk_padded_mm(a, a_transposed, b, bias, pad_m, pad_k)
+        a product on operands padded to the device's matmul alignment, computed a chunk of rows at a time
+        where padding a whole operand or result would add a logits-sized buffer (graph/passes/post_grad.py,
+        pad_matmuls).
     ember::integer_resize(x, size, scale_factor, mode, align_corners, antialias) -> Tensor
         F.interpolate of an integer image by eager's own kernel, left opaque to AOTAutograd, whose trace
         would otherwise replace it by a float decomposition (graph/passes/integer_resize.py).
@@ -71,6 +75,58 @@ def _padded_mm_fake(a, b, bias, m, n):
 
 
 padded_mm = torch.ops.ember.padded_mm.default
+
+
+_lib.define("chunk_padded_mm(Tensor a, bool a_transposed, Tensor b, Tensor? bias, int pad_m, int pad_k) -> Tensor")
+
+
+def _mm_into(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor, bias) -> None:
+    if bias is None:
+        torch.mm(x, b, out=out)
+    else:
+        torch.addmm(bias, x, b, out=out)
+
+
+def _chunk_padded_mm(a: torch.Tensor, a_transposed: bool, b: torch.Tensor, bias, pad_m: int, pad_k: int):
+    """pad(A) @ b (+ bias), A = a.t() if a_transposed else a, A [M, K] padded by pad_m rows and pad_k
+    columns of zeros: [M + pad_m, N]. A is never padded whole: a chunk of the product's rows at a time is
+    copied into an aligned buffer (a's rows; a's columns, read transposed, when a_transposed)."""
+    from ..runtime.row_copy import copy_rows
+    M, K = (a.shape[1], a.shape[0]) if a_transposed else a.shape
+    out = a.new_empty((M + pad_m, b.shape[1]))
+    if a_transposed:
+        # buffer [K + pad_k, width]: a's columns c0.. as rows of A, read with the buffer's aligned row stride
+        width = padded_mm_rows(M + pad_m, K + pad_k, a.element_size())
+        buf = a.new_zeros((K + pad_k, width))
+        for c0 in range(0, M + pad_m, width):
+            w = min(width, M + pad_m - c0)
+            real = min(w, M - c0)
+            copy_rows(buf[:K, :real], a[:, c0:c0 + real])
+            if real < w:
+                buf[:K, real:w].zero_()
+            _mm_into(out[c0:c0 + w], buf[:, :w].t(), b, bias)
+        return out
+    rows = padded_mm_rows(M, K + pad_k, a.element_size())
+    buf = a.new_zeros((rows, K + pad_k))
+    for r in range(0, M, rows):
+        c = min(rows, M - r)
+        copy_rows(buf[:c, :K], a[r:r + c])
+        _mm_into(out[r:r + c], buf[:c], b, bias)
+    if pad_m:                    # rows of zeros times b
+        out[M:].copy_(bias.expand(pad_m, -1)) if bias is not None else out[M:].zero_()
+    return out
+
+
+_lib.impl("chunk_padded_mm", _chunk_padded_mm, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ember::chunk_padded_mm")
+def _chunk_padded_mm_fake(a, a_transposed, b, bias, pad_m, pad_k):
+    m = a.shape[1] if a_transposed else a.shape[0]
+    return a.new_empty((m + pad_m, b.shape[1]))
+
+
+chunk_padded_mm = torch.ops.ember.chunk_padded_mm.default
 
 
 _lib.define("integer_resize(Tensor x, int[]? size, float[]? scale_factor, str mode, bool? align_corners, "

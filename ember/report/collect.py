@@ -29,7 +29,8 @@ CATEGORIES = (GEMM, ATTENTION, MEMORY, OTHER_EXTERN, OUTSIDE, HOST)
 
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "addmv", "mv", "dot", "vdot", "matmul",
              "convolution", "_convolution", "convolution_backward", "cudnn_convolution",
-             "cudnn_convolution_transpose", "mkldnn_convolution", "_slow_conv2d_forward", "padded_mm"}
+             "cudnn_convolution_transpose", "mkldnn_convolution", "_slow_conv2d_forward", "padded_mm",
+             "chunk_padded_mm"}
 
 
 @dataclasses.dataclass
@@ -251,7 +252,7 @@ def _meta(a):
 
 def extern_flops(extern: Optional[ExternKernel]) -> int:
     """FLOPs of an extern call by torch.utils.flop_counter's formula for its op (0 for ops it has none for,
-    which are not arithmetic-bound); ember::padded_mm counts as the product it computes."""
+    which are not arithmetic-bound); ember::padded_mm and chunk_padded_mm count as the products they compute."""
     if extern is None:
         return 0
     from torch.utils.flop_counter import flop_registry
@@ -261,6 +262,9 @@ def extern_flops(extern: Optional[ExternKernel]) -> int:
         kwargs = {k: _meta(v) for k, v in extern.kwargs.items()}
         if _packet_name(extern.op) == "padded_mm":
             a, b = args[0], args[1]
+            return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
+        if _packet_name(extern.op) == "chunk_padded_mm":
+            a, b = args[0], args[2]
             return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
         formula = flop_registry.get(packet)
         if formula is None:

@@ -1,7 +1,8 @@
 """A hand-written Triton kernel that copies the first n columns of each row of a 2-D CUDA tensor into a
-dense one: ember::padded_mm's chunk copies (graph/custom_ops.py). Its rows are misaligned on one side (GPT-2's
-50257 columns), where ATen's strided copy runs well below the copy bandwidth; a kernel per (row, column
-block) streams them at the bandwidth (docs/performance.md; `python -m experiments.matmul_pad_probe`)."""
+dense one: the chunk copies of ember::padded_mm and chunk_padded_mm (graph/custom_ops.py). Its rows are
+misaligned on one side (GPT-2's 50257 columns), where ATen's strided copy runs well below the copy
+bandwidth; a kernel per (row, column block) streams them at the bandwidth (docs/performance.md;
+`python -m experiments.matmul_pad_probe`)."""
 from __future__ import annotations
 
 import functools

@@ -14,12 +14,12 @@ import torch.fx
 
 from ... import config
 from ...device import backend_for
-from ..custom_ops import padded_mm, softmax_stats
+from ..custom_ops import chunk_padded_mm, padded_mm, softmax_stats
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
 from .inplace_collectives import reinplace_all_reduces
-from .common import VIEW_OPS, call_op, dead_code_elimination, is_pointwise, readers, run_passes, size_arg
+from .common import RESHAPES, VIEW_OPS, call_op, dead_code_elimination, is_pointwise, readers, run_passes, size_arg
 from .library_epilogues import fuse_bias_activations
 from .conv_layout import plan_conv_layouts
 
@@ -262,6 +262,11 @@ def _sum_bias_gradient(graph: torch.fx.Graph, n: torch.fx.Node) -> None:
 # A matmul below this many multiply-adds keeps its sizes: the padded copies would cost about what the
 # misaligned GEMM loses
 PAD_MATMUL_MIN_MACS = 2 ** 31
+# With config.chunked_input_pads, an input operand of this size or more is not padded whole: its product
+# copies a chunk of it at a time into an aligned buffer (ember::chunk_padded_mm). A backward graph's
+# incoming gradient stays referenced by the autograd call while the graph runs, so a padded copy of GPT-2's
+# logits gradient (8192 x 50257 bf16) is a second 0.77 GB buffer at the training step's peak
+PAD_INPUT_WHOLE_MAX_BYTES = 256 << 20
 # 16-bit floats only: cuBLAS may run a padded float32 GEMM with TF32-sized relative error (~5e-4) where the
 # unpadded one has float32's (docs/performance.md; tests/test_passes.py on the GPU): a cuBLAS choice we do
 # not control, so float32 keeps its sizes
@@ -280,6 +285,9 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     computed, and its other readers read the padded tensor sliced back: its producer then writes the
     padded form directly and the unpadded one is never stored (GPT-2's and BERT's logits gradient feeds
     both gradient matmuls and the bias gradient). An input (a weight) is padded right before the matmul.
+    With config.chunked_input_pads, an input of the graph of PAD_INPUT_WHOLE_MAX_BYTES or more (a
+    backward's logits gradient) is padded a chunk at a time inside its product (`ember::chunk_padded_mm`):
+    the input itself stays alive while the graph runs, so a whole padded copy sits beside it.
     A result padded along N that a forward graph returns must come out dense (the backward reads saved
     outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole padded product
     sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
@@ -336,11 +344,17 @@ class _MatmulPadder:
         """Replace the matmul `node` by its product on padded operands, sliced back to its sizes."""
         a, b = node.args[-2], node.args[-1]
         bias = node.args[0] if node.target is aten.addmm.default else None
-        a2, b2 = self.pad(a, s.pad_m, s.pad_k, node), self.pad(b, s.pad_k, s.pad_n, node)
+        large = _large_input(a) if config.chunked_input_pads and (s.pad_m or s.pad_k) and not s.pad_n else None
+        a2 = None if large else self.pad(a, s.pad_m, s.pad_k, node)
+        b2 = self.pad(b, s.pad_k, s.pad_n, node)
         with self.graph.inserting_before(node):
             bias2 = call_op(self.graph, aten.constant_pad_nd.default, bias, [0, s.pad_n]) \
                 if bias is not None and s.pad_n else bias
-            out, restrided = self._product(node, a2, b2, bias2, s)
+            if large:
+                out = call_op(self.graph, chunk_padded_mm, *large, b2, bias2, s.pad_m, s.pad_k)
+                out, restrided = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, 0), None
+            else:
+                out, restrided = self._product(node, a2, b2, bias2, s)
         if restrided is None:
             # the result keeps the matmul's traced value (eager's dense strides): where it is returned,
             # directly or through views, the lowering's output check copies it into them
@@ -403,6 +417,21 @@ class _MatmulPadder:
         self.unpadded[back] = x
         for u in readers:
             u.replace_input_with(x, back)
+
+
+def _large_input(x):
+    """(m, transposed) where x is m (False) or m transposed (True) and m is an input of the graph, or a
+    reshape of one (a backward's [batch, seq, vocab] gradient read as [tokens, vocab]), of
+    PAD_INPUT_WHOLE_MAX_BYTES or more; else None."""
+    base = _transposed_base(x)
+    m, transposed = (base, True) if base is not None else (x, False)
+    root = m
+    while root.op == "call_function" and root.target in RESHAPES:
+        root = root.args[0]
+    v = _val(m)
+    if root.op != "placeholder" or v is None or v.numel() * v.element_size() < PAD_INPUT_WHOLE_MAX_BYTES:
+        return None
+    return m, transposed
 
 
 def _views_restrided(node, val):
