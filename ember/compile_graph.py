@@ -13,6 +13,7 @@ comes from the on-disk graph cache (runtime/graph_cache.py). runtime/compile_pro
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -35,7 +36,7 @@ from .graph import decompose as decomp
 from .graph.passes import conv_layout, post_grad
 from .ir.symbolic import hint
 from .lowering.graph_lowering import GraphLowering
-from .runtime import graph_cache, rank_agreement
+from .runtime import compile_pool, graph_cache, rank_agreement
 from .runtime.checks import EmberNanError
 from .runtime.compile_profile import CompileProfile
 from .runtime.cudagraph_partition import compile_partitioned
@@ -190,8 +191,11 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> 
             if cache is not None:
                 with profile.stage("cache store"):
                     cache.store(program, kernel_count)
-        compiled = _assemble(program, kernel_count, kernels, gm, kind, profile, dump, report,
-                             cudagraph=(example_inputs, static_inputs) if cudagraphs else None)
+        # a forward graph's kernels finish compiling in the workers while AOTAutograd goes on to the
+        # backward graph; its first launch waits for them
+        with compile_pool.kernels_waited_for_at_first_launch() if kind == "forward" else contextlib.nullcontext():
+            compiled = _assemble(program, kernel_count, kernels, gm, kind, profile, dump, report,
+                                 cudagraph=(example_inputs, static_inputs) if cudagraphs else None)
     if cache is not None and cache.payload is not None:
         compiled.cache_entry = (cache.key, cache.payload)
     return compiled

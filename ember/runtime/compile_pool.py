@@ -37,7 +37,10 @@ import socket
 import struct
 import subprocess
 import sys
+import contextlib
+import contextvars
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..config import config
@@ -216,13 +219,17 @@ def boot() -> None:
         _zygote.append(_Zygote())
 
 
+_starting = threading.Lock()      # the pool starts once, from whichever thread asks first
+
+
 def start() -> CompilePool | None:
     """The pool, started on first use (its workers boot while the graph is lowered and scheduled)."""
     if _workers() < 2:
         return None
-    if not _pool:
-        _pool.append(CompilePool(_workers(), _zygote.pop() if _zygote else None))
-        atexit.register(_pool[0].close)
+    with _starting:
+        if not _pool:
+            _pool.append(CompilePool(_workers(), _zygote.pop() if _zygote else None))
+            atexit.register(_pool[0].close)
     return None if _pool[0].broken else _pool[0]
 
 
@@ -273,6 +280,75 @@ def precompile(module, helpers, kernels: list) -> dict:
                     "first launch (slower; set ember.config.compile_workers=0 to skip the pool). First error:\n%s",
                     errors[0])
     return binaries
+
+
+# Set while a graph whose kernels may finish compiling after its compile returns is loaded (a training
+# step's forward graph: AOTAutograd compiles its backward next, and that backward's lowering then runs
+# while the workers compile the forward's kernels)
+_waits_at_first_launch = contextvars.ContextVar("ember_waits_at_first_launch", default=False)
+
+
+@contextlib.contextmanager
+def kernels_waited_for_at_first_launch():
+    token = _waits_at_first_launch.set(True)
+    try:
+        yield
+    finally:
+        _waits_at_first_launch.reset(token)
+
+
+def waits_at_first_launch() -> bool:
+    return _waits_at_first_launch.get()
+
+
+_ahead: list = []         # the one thread that runs precompile_ahead's calls, once started
+
+
+def precompile_ahead(module, helpers, kernels: list) -> "PendingBinaries":
+    """precompile(module, helpers, kernels) on a thread of its own: returns at once, and the first launch
+    that asks for a binary waits for all of them (PendingBinaries)."""
+    with _starting:
+        if not _ahead:
+            _ahead.append(ThreadPoolExecutor(1, thread_name_prefix="ember-precompile"))
+    return PendingBinaries(_ahead[0].submit(precompile, module, helpers, kernels))
+
+
+class PendingBinaries:
+    """What precompile_ahead's call returns, once it has: {kernel name: {config key: binary facts}}."""
+
+    def __init__(self, future):
+        self._future, self._lock, self._binaries = future, threading.Lock(), None
+
+    def result(self) -> dict:
+        with self._lock:
+            if self._binaries is None:
+                start = time.perf_counter()
+                try:
+                    self._binaries = self._future.result()
+                except Exception as e:      # noqa: BLE001 - without the binaries the launches compile them
+                    log.debug("ember: precompiling kernels failed (their launches compile them): %s", e)
+                    self._binaries = {}
+                # the wait is ember's compile, finished here instead of inside the graph's compile
+                from .. import metrics
+                metrics.compile_seconds += time.perf_counter() - start
+            return self._binaries
+
+    def of(self, kernel: str) -> "KernelBinaries":
+        return KernelBinaries(self, kernel)
+
+
+class KernelBinaries:
+    """One kernel's binaries of a PendingBinaries, read as runtime/launch.Launcher reads its dict: the
+    first `get` waits for the workers."""
+
+    def __init__(self, pending: PendingBinaries, kernel: str):
+        self.pending, self.kernel = pending, kernel
+
+    def __bool__(self) -> bool:
+        return True
+
+    def get(self, key, default=None):
+        return self.pending.result().get(self.kernel, {}).get(key, default)
 
 
 def _done_marker(jobs: list) -> str | None:

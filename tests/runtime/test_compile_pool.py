@@ -522,3 +522,77 @@ def test_the_triton_backend_boots_the_zygote_in_warm_up(monkeypatch):
     TritonBackend(interpret=False).warm_up()
     TritonBackend(interpret=True).warm_up()
     assert booted == [1]
+
+
+def _fake_kernels(n: int):
+    import types
+    mod = types.SimpleNamespace(__file__="ember_kernels_ahead.py")
+    kernels = [types.SimpleNamespace(name=f"k{i}", warm=compile_pool.WarmSpec([torch.float32, 8], [{"XBLOCK": 8}]))
+               for i in range(n)]
+    return mod, kernels
+
+
+def test_precompiling_ahead_returns_at_once_and_the_first_launch_waits(monkeypatch, tmp_path):
+    """compile_pool.precompile_ahead (a training step's forward graph) returns while the workers still
+    compile; the first launch that asks for a binary waits for all of them, and a failed precompile leaves
+    every binary to its launch's own compile."""
+    import threading
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "ember"))
+    monkeypatch.setattr(compile_pool, "_triton_cache_dir", lambda: None)
+    monkeypatch.setattr(compile_pool, "_target", lambda: ("cuda", 90, 32))
+    started, release = threading.Event(), threading.Event()
+
+    class Pool:
+        broken = warned = False
+
+        def run(self, jobs, facts=None):
+            started.set()
+            release.wait(10)
+            facts += [[{"binary": f"/cache/{j['kernel']}.cubin"}] for j in jobs]
+            return []
+    monkeypatch.setattr(compile_pool, "start", lambda: Pool())
+    mod, kernels = _fake_kernels(3)
+    key = compile_pool.config_key({"XBLOCK": 8})
+    pending = compile_pool.precompile_ahead(mod, mod, kernels)
+    assert started.wait(5)                      # the jobs run, and the call has returned
+    binaries, got = pending.of("k1"), []
+    assert binaries                             # runtime/launch.Launcher keeps it as its binaries
+    first_launch = threading.Thread(target=lambda: got.append(binaries.get(key)))
+    first_launch.start()
+    first_launch.join(0.3)
+    assert first_launch.is_alive() and not got  # waiting for the workers
+    release.set()
+    first_launch.join(5)
+    assert got == [{"binary": "/cache/k1.cubin"}]
+    assert pending.of("k9").get(key) is None
+
+    class Broken:
+        broken = warned = False
+
+        def run(self, jobs, facts=None):
+            raise RuntimeError("the pool went away")
+    monkeypatch.setattr(compile_pool, "start", lambda: Broken())
+    assert compile_pool.precompile_ahead(mod, mod, kernels).of("k0").get(key) is None
+
+
+def test_only_a_forward_graphs_kernels_are_waited_for_at_their_first_launch(monkeypatch):
+    """A training step's forward graph is loaded with compile_pool.waits_at_first_launch() set (AOTAutograd
+    compiles its backward next, while the workers compile the forward's kernels); its backward graph and an
+    inference graph wait for their kernels inside their compile."""
+    from ember.codegen.triton import backend
+    from ember.testing import check
+    seen, load = [], backend.TritonBackend.load
+
+    def recorded(self, kernels):
+        seen.append(compile_pool.waits_at_first_launch())
+        return load(self, kernels)
+    monkeypatch.setattr(backend.TritonBackend, "load", recorded)
+    x = torch.randn(64, 32)
+    with ember.config.patch(cpu_backend="triton", graph_cache=False):
+        check(lambda x: (x.sin() * x.cos()).sum(1), x, grad=True)
+        assert seen == [True, False], seen
+        seen.clear()
+        with torch.no_grad():
+            check(lambda x: (x.sin() * x.cos()).sum(1), x)
+    assert seen == [False], seen
+    assert not compile_pool.waits_at_first_launch()

@@ -176,7 +176,15 @@ class TritonBackend(KernelBackend):
             check_interpreter()
         source = module_header(self.interpreted) + "\n\n".join(k.source for k in kernels)
         mod = load_module(source, "ember_kernels", {"helpers": triton_helpers()})
-        binaries = {} if self.interpreted else compile_pool.precompile(mod, triton_helpers(), kernels)
+        if self.interpreted:
+            binaries = {}
+        elif compile_pool.waits_at_first_launch() and config.fast_launch:
+            # the launchers wait for the binaries (a launch without ember's launcher would compile them
+            # itself while the workers do)
+            pending = compile_pool.precompile_ahead(mod, triton_helpers(), kernels)
+            return {k.name: self._loaded(mod, k, pending.of(k.name)) for k in kernels}
+        else:
+            binaries = compile_pool.precompile(mod, triton_helpers(), kernels)
         return {k.name: self._loaded(mod, k, binaries.get(k.name)) for k in kernels}
 
     def _loaded(self, mod, k, binaries):
