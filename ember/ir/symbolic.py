@@ -165,6 +165,7 @@ def tree_size(e: Expr) -> int:
 CANCEL_MAX_NODES = 100
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
 def _exact_quotient(term: Expr, divisor: Expr) -> Optional[Expr]:
     """term / divisor where term is divisible by divisor for every value of the sizes, multiplied out; None
     where that is not known. Factor by factor first (sympy's Mul cancels the factors a term and its divisor
