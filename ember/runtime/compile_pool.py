@@ -25,6 +25,8 @@ the call is the one the binary was built for.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
@@ -37,12 +39,11 @@ import socket
 import struct
 import subprocess
 import sys
-import contextlib
-import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import metrics
 from ..config import config
 from . import triton_driver
 from .compile_profile import kernels_compiled
@@ -329,7 +330,6 @@ class PendingBinaries:
                     log.debug("ember: precompiling kernels failed (their launches compile them): %s", e)
                     self._binaries = {}
                 # the wait is ember's compile, finished here instead of inside the graph's compile
-                from .. import metrics
                 metrics.compile_seconds += time.perf_counter() - start
             return self._binaries
 
