@@ -302,15 +302,16 @@ def waits_at_first_launch() -> bool:
     return _waits_at_first_launch.get()
 
 
-_ahead: list = []         # the one thread that runs precompile_ahead's calls, once started
+_ahead: list = []         # the threads that run precompile_ahead's calls, once started
 
 
 def precompile_ahead(module, helpers, kernels: list) -> "PendingBinaries":
     """precompile(module, helpers, kernels) on a thread of its own: returns at once, and the first launch
-    that asks for a binary waits for all of them (PendingBinaries)."""
+    that asks for a binary waits for all of them (PendingBinaries). Several graphs' calls (a step split by
+    graph breaks) send their jobs to the workers without waiting for each other's."""
     with _starting:
         if not _ahead:
-            _ahead.append(ThreadPoolExecutor(1, thread_name_prefix="ember-precompile"))
+            _ahead.append(ThreadPoolExecutor(4, thread_name_prefix="ember-precompile"))
     return PendingBinaries(_ahead[0].submit(precompile, module, helpers, kernels))
 
 
