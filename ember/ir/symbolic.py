@@ -185,12 +185,33 @@ def _exact_quotient(term: Expr, divisor: Expr) -> Optional[Expr]:
     quotients = [_primitive(t) / d for t in terms]
     if all(_is_integer_product(q) for q in quotients):
         return expand_index(sympy.Add(*quotients))
-    if tree_size(term) + tree_size(divisor) > CANCEL_MAX_NODES:
+    if tree_size(term) + tree_size(divisor) > CANCEL_MAX_NODES or not _divides_at_samples(term, divisor):
         return None
     q = _simplify(term / divisor)
     if q.is_integer or (q.is_Mul and all(a.is_integer for a in q.args)):
         return q
     return None
+
+
+# Integer values for every symbol of a term and its divisor (two draws, by the symbols' order): a term that
+# is a multiple of its divisor for every value of the sizes and indices is one at these values too
+_SAMPLES = ((1009, 1013, 1019, 1021, 1031, 1033, 1039), (2003, 2011, 2017, 2027, 2029, 2039, 2053))
+
+
+def _divides_at_samples(term: Expr, divisor: Expr) -> bool:
+    """False where term / divisor is no integer at some sample values of their symbols: then no polynomial
+    gcd can find it a multiple, and most candidates that reach one are not (the checks inside ModularIndexing
+    and FloorDiv ask of every term of a long index). True where they divide there, or cannot be evaluated."""
+    term, divisor = sympy.sympify(term), sympy.sympify(divisor)
+    symbols = sorted(free_symbols(term) | free_symbols(divisor), key=str)
+    for values in _SAMPLES:
+        at = {x: sympy.Integer(values[i % len(values)] + 2 * (i // len(values))) for i, x in enumerate(symbols)}
+        t, d = term.xreplace(at), divisor.xreplace(at)
+        if not (t.is_Integer and d.is_Integer) or d == 0:
+            return True
+        if int(t) % int(d):
+            return False
+    return True
 
 
 def _is_multiple(term: Expr, divisor: Expr) -> bool:
@@ -559,8 +580,11 @@ def _known_ge(a: Expr, b: Expr) -> bool:
     return bool(d.is_nonnegative) or (d.is_Integer and int(d) >= 0)
 
 
-def size_symbols(expr) -> set:
-    return set(_size_symbols(expr))
+def size_symbols(expr) -> list:
+    """expr's size symbols in name order: kernels take them as arguments in the order they meet them, and a
+    set's order follows the names' hashes, which change from process to process (one graph gave kernels
+    whose source differed between processes)."""
+    return sorted(set(_size_symbols(expr)), key=str)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -667,10 +691,16 @@ def _bounded(e, maxes: dict):
 
 
 @functools.lru_cache(maxsize=65536)
+def _bounded_remembered(e, maxes_items: tuple):
+    """_bounded by value: one floor or modulus recurs in many indices of a kernel (and across kernels)."""
+    return _bounded(e, dict(maxes_items))
+
+
+@functools.lru_cache(maxsize=65536)
 def _simplify_bounded(expr, maxes_items: tuple):
-    maxes = dict(maxes_items)
     for _ in range(4):
-        new = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)), lambda e: _bounded(e, maxes))
+        new = expr.replace(lambda e: isinstance(e, (FloorDiv, ModularIndexing)),
+                           lambda e: _bounded_remembered(e, maxes_items))
         if new == expr:
             break
         expr = new

@@ -247,3 +247,20 @@ def test_a_size_scaled_by_a_float_is_an_integer_where_the_float_product_is_exact
     assert exact_fraction(sympy.Float(1.7) * s) is None
     assert math.trunc(float(10) * 1.7) == 17 and math.floor(sympy.Rational(1.7) * 10) == 16
     assert integer_form(tf.TruncToInt(sympy.Float(1.7) * tf.ToFloat(s))).atoms(sympy.Float)
+
+
+def test_divisibility_checked_at_sample_values_before_a_gcd():
+    """symbolic._divides_at_samples: a quick no before sympy.cancel, never a wrong one. Multiples (for every
+    value of the sizes) divide at the samples; a term that does not divide there is no multiple."""
+    import sympy
+    from ember.ir import symbolic
+    from ember.ir.symbolic import FloorDiv, ModularIndexing
+    s0, s1, x = sympy.symbols("s0 s1 x0", integer=True, positive=True)
+    multiples = [(s0 * s1 + s0, s0), (4 * FloorDiv(s0 - 1, 4) + 4, 4), ((s0 + 1) * (s1 + 2), s1 + 2),
+                 (s0 ** 2 - s1 ** 2, s0 + s1), (6 * ModularIndexing(x, 1, s0) * s1, 3 * s1)]
+    for term, divisor in multiples:
+        assert symbolic._divides_at_samples(term, divisor)
+        assert symbolic._exact_quotient(term, divisor) is not None, (term, divisor)
+    for term, divisor in [(s0 + 1, s0), (s0 * s1 + 1, s1), (FloorDiv(s0, 2), 2), (x + s0, s0 + 1)]:
+        assert not symbolic._divides_at_samples(term, divisor)
+        assert symbolic._exact_quotient(term, divisor) is None
