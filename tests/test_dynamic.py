@@ -638,3 +638,33 @@ def test_patch_unfolding_trains_under_symbolic_sizes():
         for name, a, b in zip([n for n, _ in model.named_parameters()], got, expected):
             assert_close(a, b, 1e-4, 1e-5, what=f"grad of {name}, input {shape}")
     assert_compiles(counter, 1, training=True)
+
+
+_SOURCE_OF_A_SYMBOLIC_GRAPH = r"""
+import torch, torch.nn.functional as F, ember
+from torch.fx.experimental.proxy_tensor import make_fx
+def f(x, y):
+    return (F.pad(x, (1, 2, 3, 4)).tanh() + y.sum()).permute(3, 1, 0, 2) * 2
+args = [torch.randn(2, 3, 4, 5), torch.randn(6, 7)]
+compiled = ember.compile_graph(make_fx(f, tracing_mode="symbolic")(*args), args)
+out = compiled(list(args))[0]
+torch.testing.assert_close(out, f(*args))
+print(compiled.source)
+"""
+
+
+def test_a_symbolic_graph_compiles_to_the_same_source_in_every_process(tmp_path):
+    """Kernels take size symbols as arguments in name order, not a set's: the order of a set of symbols
+    follows their names' hashes, which Python draws per process, and the same graph's kernels then
+    differed from one process to the next (new C++ compiles, new cache entries)."""
+    import os
+    import subprocess
+    import sys
+    sources = set()
+    for seed in ("1", "2", "3", "4"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, EMBER_CACHE_DIR=str(tmp_path / seed), EMBER_GRAPH_CACHE="0")
+        out = subprocess.run([sys.executable, "-c", _SOURCE_OF_A_SYMBOLIC_GRAPH], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        sources.add(out.stdout)
+    assert len(sources) == 1

@@ -41,7 +41,7 @@ class RecordingHandler(DefaultHandler):
         return _V
 
     def _note(self, expr):
-        self.symbols |= size_symbols(expr)
+        self.symbols.update(size_symbols(expr))
 
     def index_expr(self, expr, dtype):
         self._note(expr)
