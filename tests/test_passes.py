@@ -559,12 +559,11 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
 @pytest.mark.parametrize("chunk_bytes", [1 << 10, 1 << 30])
 def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monkeypatch, chunk_bytes):
     """With config.chunked_input_pads, a graph input of PAD_INPUT_WHOLE_MAX_BYTES or more (here any) is
-    never padded whole: each product
-    reading it copies a chunk at a time into an aligned buffer (ember::chunk_padded_mm), so no padded copy
-    sits beside it while the graph runs (GPT-2's logits gradient). The backward of x @ w.t() (M = 203,
-    K = 96, N = 1001) reads its incoming gradient, reshaped, as is (M and K padded) and transposed (M and
-    K padded again); the forward of a linear with its bias reads a misaligned input (K = 1001). Many chunks or
-    one; values and gradients match eager."""
+    never padded whole: each product reading it copies a chunk at a time into an aligned buffer
+    (ember::chunk_padded_mm), so no padded copy sits beside it while the graph runs (GPT-2's logits
+    gradient). The backward of x @ w.t() (M = 203, K = 96, N = 1001) reads its incoming gradient, reshaped,
+    as is (M and K padded) and transposed (M and K padded again); the forward of a linear with its bias
+    reads a misaligned input (K = 1001). Many chunks or one; values and gradients match eager."""
     from ember.graph import custom_ops as ops
     from ember.graph.passes import post_grad
     _force_padding(monkeypatch, device)

@@ -33,6 +33,11 @@ _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "addmv", 
              "chunk_padded_mm"}
 
 
+# ember's padded products (graph/custom_ops.py) -> the position of b in (a, ..., b, ...): a (either way round)
+# holds M and K, b's columns are N
+_PADDED_PRODUCT_B = {"padded_mm": 1, "chunk_padded_mm": 2}
+
+
 @dataclasses.dataclass
 class CallRecord:
     """One device call of a graph's wrapper: a kernel launch or an extern (ATen) call."""
@@ -260,11 +265,8 @@ def extern_flops(extern: Optional[ExternKernel]) -> int:
     try:
         args = [_meta(a) for a in extern.args]
         kwargs = {k: _meta(v) for k, v in extern.kwargs.items()}
-        if _packet_name(extern.op) == "padded_mm":
-            a, b = args[0], args[1]
-            return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
-        if _packet_name(extern.op) == "chunk_padded_mm":
-            a, b = args[0], args[2]
+        if _packet_name(extern.op) in _PADDED_PRODUCT_B:
+            a, b = args[0], args[_PADDED_PRODUCT_B[_packet_name(extern.op)]]
             return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])
         formula = flop_registry.get(packet)
         if formula is None:

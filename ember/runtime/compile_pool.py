@@ -334,7 +334,8 @@ class PendingBinaries:
                 metrics.compile_seconds += time.perf_counter() - start
             return self._binaries
 
-    def of(self, kernel: str) -> "KernelBinaries":
+    def get(self, kernel: str) -> "KernelBinaries":
+        """One kernel's binaries, read as precompile's dict is read: {kernel name: its binaries}."""
         return KernelBinaries(self, kernel)
 
 

@@ -555,7 +555,7 @@ def test_precompiling_ahead_returns_at_once_and_the_first_launch_waits(monkeypat
     key = compile_pool.config_key({"XBLOCK": 8})
     pending = compile_pool.precompile_ahead(mod, mod, kernels)
     assert started.wait(5)                      # the jobs run, and the call has returned
-    binaries, got = pending.of("k1"), []
+    binaries, got = pending.get("k1"), []
     assert binaries                             # runtime/launch.Launcher keeps it as its binaries
     first_launch = threading.Thread(target=lambda: got.append(binaries.get(key)))
     first_launch.start()
@@ -564,7 +564,7 @@ def test_precompiling_ahead_returns_at_once_and_the_first_launch_waits(monkeypat
     release.set()
     first_launch.join(5)
     assert got == [{"binary": "/cache/k1.cubin"}]
-    assert pending.of("k9").get(key) is None
+    assert pending.get("k9").get(key) is None
 
     class Broken:
         broken = warned = False
@@ -572,7 +572,7 @@ def test_precompiling_ahead_returns_at_once_and_the_first_launch_waits(monkeypat
         def run(self, jobs, facts=None):
             raise RuntimeError("the pool went away")
     monkeypatch.setattr(compile_pool, "start", lambda: Broken())
-    assert compile_pool.precompile_ahead(mod, mod, kernels).of("k0").get(key) is None
+    assert compile_pool.precompile_ahead(mod, mod, kernels).get("k0").get(key) is None
 
 
 def test_only_a_forward_graphs_kernels_are_waited_for_at_their_first_launch(monkeypatch):

@@ -181,8 +181,7 @@ class TritonBackend(KernelBackend):
         elif compile_pool.waits_at_first_launch() and config.fast_launch:
             # the launchers wait for the binaries (a launch without ember's launcher would compile them
             # itself while the workers do)
-            pending = compile_pool.precompile_ahead(mod, triton_helpers(), kernels)
-            return {k.name: self._loaded(mod, k, pending.of(k.name)) for k in kernels}
+            binaries = compile_pool.precompile_ahead(mod, triton_helpers(), kernels)
         else:
             binaries = compile_pool.precompile(mod, triton_helpers(), kernels)
         return {k.name: self._loaded(mod, k, binaries.get(k.name)) for k in kernels}
