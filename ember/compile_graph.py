@@ -191,9 +191,10 @@ def _compile(gm, example_inputs, kind, cudagraphs: bool, static_inputs=None) -> 
             if cache is not None:
                 with profile.stage("cache store"):
                     cache.store(program, kernel_count)
-        # a forward graph's kernels finish compiling in the workers while AOTAutograd goes on to the
-        # backward graph; its first launch waits for them
-        with compile_pool.kernels_waited_for_at_first_launch() if kind == "forward" else contextlib.nullcontext():
+        # a training step's graphs' kernels finish compiling in the workers while AOTAutograd goes on (to
+        # the backward graph; from it to the forward's first run); their first launches wait for them
+        with compile_pool.kernels_waited_for_at_first_launch() if kind in ("forward", "backward") \
+                else contextlib.nullcontext():
             compiled = _assemble(program, kernel_count, kernels, gm, kind, profile, dump, report,
                                  cudagraph=(example_inputs, static_inputs) if cudagraphs else None)
     if cache is not None and cache.payload is not None:
