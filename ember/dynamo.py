@@ -180,8 +180,9 @@ def _install_compile_callbacks() -> None:
 
 
 def register() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-    if "ember" not in _BACKENDS or _BACKENDS.get("ember") is None:
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+    # once per process; where the package's entry point is listed, torch registers it when it loads it
+    if "ember" not in _COMPILER_FNS and _BACKENDS.get("ember") is None:
         register_backend(name="ember")(ember_backend)
     _install_compile_callbacks()
     _warm_up_if_gpu_in_use()

@@ -224,3 +224,18 @@ def test_strided_welford_reductions_do_not_time_the_slowest_compiling_config(mon
             torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4)
         assert len(seen) == 1 and len(seen[0]) >= 3, seen
         assert (heuristics.SLOW_WELFORD_COLUMN_CONFIG in seen[0]) != welford, seen
+
+
+def test_the_helpers_follow_the_interpreter_setting_they_are_loaded_under(monkeypatch):
+    """Generated kernels call ember's @triton.jit helpers (helpers.max_int pads, clamps): a process that
+    loaded them with TRITON_INTERPRET unset (a test standing for a GPU) and later runs kernels in the
+    interpreter gets helpers it can call there, not JITFunctions ("Cannot call @triton.jit'd outside of the
+    scope of a kernel"), and the other way round."""
+    from ember.codegen.triton import backend
+    monkeypatch.setattr(backend, "_helpers", {})            # none loaded yet, as in a new process
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not backend.is_interpreted(backend.triton_helpers().max_int)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert backend.is_interpreted(backend.triton_helpers().max_int)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not backend.is_interpreted(backend.triton_helpers().max_int)

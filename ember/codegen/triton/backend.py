@@ -198,16 +198,19 @@ class TritonBackend(KernelBackend):
         return Launcher(fn, binaries, built_for)
 
 
-_helpers: dict = {}
+_helpers: dict = {}     # TRITON_INTERPRET's value -> the helpers module loaded under it
 
 
 def triton_helpers() -> types.ModuleType:
     """ember.codegen.triton.helpers, loaded from its file as generated kernels are (so it follows the
-    interpreter setting); the compile workers load it by its path."""
-    if "mod" not in _helpers:
+    interpreter setting); the compile workers load it by its path. One module per TRITON_INTERPRET value:
+    @triton.jit reads it when the module is loaded (an interpreted function, or a JITFunction, which
+    an interpreted kernel cannot call), so a module loaded under one setting serves no kernel of the other."""
+    key = os.environ.get("TRITON_INTERPRET")
+    if key not in _helpers:
         with open(os.path.join(os.path.dirname(__file__), "helpers.py")) as f:
-            _helpers["mod"] = load_module(f.read(), "ember_helpers")
-    return _helpers["mod"]
+            _helpers[key] = load_module(f.read(), "ember_helpers")
+    return _helpers[key]
 
 
 def check_interpreter() -> None:
