@@ -8,7 +8,6 @@ import logging
 import sys
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
 
 from . import config, metrics
 from .compile_graph import CompiledGraph, compile_graph
@@ -106,9 +105,10 @@ def _compile_passed_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         bw_compiler = whole_graph_cache.serializable(bw_compiler, "backward")
         inference_compiler = whole_graph_cache.serializable(
             inference_compiler, "inference", lambda compiled: inference.dims if compiled is inference.graph else None)
-    compiler = aot_autograd(
+    compiler = functools.partial(
+        _aot_autograd,
         fw_compiler=fw_compiler,
-        bw_compiler=bw_compiler,
+        bw_compiler=_not_traced_backward(bw_compiler),
         inference_compiler=inference_compiler,
         partition_fn=partition,
         decompositions=LazyTable(functools.partial(_each_backend, example_inputs, "prepare")),
@@ -125,6 +125,37 @@ def _compile_passed_graph(gm, example_inputs, cudagraphs: bool, settings: dict):
         metrics.direct_graphs += 1
         return direct(compiled, inference.graph, inference.dims)
     return compiled
+
+
+def _aot_autograd(gm, example_inputs, **kwargs):
+    """AOTAutograd's trace, partition and compiles of a Dynamo graph, called as torch's `aot_autograd` backend
+    helper calls it, without that helper's import of inductor's debug module and scheduler (0.45 s of every
+    process on the device hosts, whose torch has no bytecode cache)."""
+    from torch._dynamo.utils import counters, flatten_graph_inputs
+    from torch._functorch.aot_autograd import aot_module_simplified
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        return flatten_graph_inputs(gm, example_inputs, lambda g, inputs: _aot_autograd(g, inputs, **kwargs))
+    # Dynamo's DDP optimizer reads this count to learn that AOTAutograd ran (its first call then returns
+    # fake tensors for the next bucket's compile)
+    counters["aot_autograd"]["total"] += 1
+    compiled = aot_module_simplified(gm, example_inputs, **kwargs)
+    counters["aot_autograd"]["ok"] += 1
+    return torch._dynamo.disable(compiled, reason="ember's compiled graph is not traced")
+
+
+def _not_traced_backward(bw_compiler):
+    """The backward compiler, and the backward it returns, out of Dynamo's reach: AOTAutograd compiles the
+    backward at its first run, inside whatever frame runs it."""
+    from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler
+
+    def compile_backward(*args, **kwargs):
+        compiled = torch._dynamo.disable(bw_compiler, reason="ember's backward compile is not traced")(*args, **kwargs)
+        return torch._dynamo.disable(compiled, reason="ember's compiled backward is not traced")
+    if isinstance(bw_compiler, SerializableAOTDispatchCompiler):
+        inner = bw_compiler.compiler_fn
+        bw_compiler.compiler_fn = _not_traced_backward(inner)
+        return bw_compiler
+    return compile_backward
 
 
 def _has_gpu() -> bool:

@@ -189,3 +189,72 @@ def test_activation_checkpointing_keeps_its_own_policy(device):
     (e_out, e_grads), (a_out, a_grads), _ = _train_step(module, x, False)
     assert_close(a_out, e_out)
     assert_close(a_grads, e_grads, what="grad")
+
+
+def _joint_graph(module, *inputs):
+    """AOTAutograd's joint graph of one training step of `module`, with ember's decompositions."""
+    from functorch.compile import aot_module, make_boxed_func
+    from torch._functorch.partitioners import default_partition
+    from ember.graph.decompose import decomposition_table
+    joints = []
+
+    def grab(gm, joint_inputs, **kwargs):
+        joints.append(copy.deepcopy(gm))
+        return default_partition(gm, joint_inputs, **kwargs)
+    compiled = aot_module(module, lambda gm, _: make_boxed_func(gm.forward), partition_fn=grab,
+                          decompositions=decomposition_table())
+    compiled(*inputs)[0].sum().backward()
+    return joints[0]
+
+
+def _calls(gm) -> list:
+    return [(n.target, len(n.users)) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("block", [SwiGLUBlock, GELUBlock, ConvBlock])
+def test_the_joint_graph_merges_what_torchs_cse_merges(block):
+    """ember merges the joint graph's duplicate nodes itself (graph/passes/cse.py) and turns torch's pass
+    off: the graph left is the one torch's `fx_graph_cse` leaves (the same ops, each used as often)."""
+    from torch._functorch.compile_utils import fx_graph_cse
+    from ember.graph.passes.cse import eliminate_common_subexpressions
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 6, 6) if block is ConvBlock else torch.randn(2, 8, 64)
+    joint = _joint_graph(block(), x.requires_grad_())
+    ours, theirs = copy.deepcopy(joint), copy.deepcopy(joint)
+    assert eliminate_common_subexpressions(ours) > 0
+    ours.graph.eliminate_dead_code()
+    theirs.graph = fx_graph_cse(theirs.graph)
+    theirs.graph.eliminate_dead_code()
+    assert _calls(ours) == _calls(theirs)
+
+
+def test_random_values_and_returned_values_are_not_merged(device):
+    """Two `rand_like` of one tensor are two draws; two equal values the graph returns are two tensors, as
+    in eager; both hold in a training graph, whose gradients match eager's."""
+    def f(x):
+        return torch.rand_like(x) * x, torch.rand_like(x) * x, x.sin(), x.sin()
+
+    x = torch.randn(64, 32, device=device, requires_grad=True)
+    a, b, s, t = torch.compile(f, backend="ember")(x)
+    assert not torch.equal(a, b)
+    assert s.data_ptr() != t.data_ptr()
+    assert_close(s, x.sin())
+    (s * 2 + t).sum().backward()
+    assert_close(x.grad, 3 * x.detach().cos(), what="grad")
+
+
+def test_a_training_compile_imports_none_of_inductors_compiler():
+    """ember's partition and its AOTAutograd call import neither inductor's pattern matcher (with its
+    lowerings) nor its debug module (with its scheduler): seconds of a cold process where torch has no
+    bytecode cache."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, ember\n"
+            "f = torch.compile(lambda x: (x.sin() * x.cos()).sum(), backend='ember')\n"
+            "f(torch.randn(8, 8, requires_grad=True)).backward()\n"
+            "print(sorted(m for m in ('torch._inductor.pattern_matcher', 'torch._inductor.lowering',\n"
+            "                         'torch._inductor.debug', 'torch._inductor.scheduler') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "EMBER_GRAPH_CACHE": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -18,8 +18,6 @@ quarter of the weights' bytes, so with config.save_weight_casts they stay saved,
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.fx
 from torch._functorch import config as functorch_config
@@ -28,6 +26,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ... import config
 from . import joint
+from .cse import eliminate_common_subexpressions
 from .saved_precision import cast_dtype
 
 
@@ -45,8 +44,15 @@ def partition(joint_gm: torch.fx.GraphModule, joint_inputs, **kwargs):
     """AOTAutograd's `partition_fn`: (forward module, backward module). With recompute_product_operands
     off, torch's own partitioner settings decide."""
     joint_gm = joint.run(joint_gm)
+    settings = {}
+    if functorch_config.cse:
+        # torch's own pass would import inductor's pattern matcher and lowerings (graph/passes/cse.py)
+        eliminate_common_subexpressions(joint_gm)
+        settings["cse"] = False
     lift = config.recompute_product_operands
-    if lift and config.save_weight_casts:
-        mark_weight_casts_saved(joint_gm, kwargs.get("static_lifetime_input_indices"))
-    with functorch_config.patch(ban_recompute_materialized_backward=False) if lift else contextlib.nullcontext():
+    if lift:
+        settings["ban_recompute_materialized_backward"] = False
+        if config.save_weight_casts:
+            mark_weight_casts_saved(joint_gm, kwargs.get("static_lifetime_input_indices"))
+    with functorch_config.patch(**settings):
         return min_cut_rematerialization_partition(joint_gm, joint_inputs, **kwargs)
