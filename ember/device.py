@@ -89,6 +89,11 @@ class KernelBackend:
         """A graph with tensors on this backend's device reached ember, to be compiled or loaded from a cache:
         start in the background what its first launch will need and takes long to compute."""
 
+    def runtime_row_copy_ahead(self, dtype, n: int, src_stride: int, dst_stride: int) -> None:
+        """A graph being compiled will copy rows of `n` elements between these row strides at run time (the
+        chunks of ember::padded_mm, graph/custom_ops.py): start building the kernel that copies them, where
+        the backend has one to build."""
+
     # -- code ---------------------------------------------------------------------------------------------
     def generate(self, name: str, group, graph, local: set):
         """One fused group -> a codegen.generate.GeneratedKernel (its DefineKernel and CallKernel lines)."""

@@ -479,8 +479,13 @@ def test_padded_matmul_returned_through_a_view_keeps_eager_strides(device, monke
 
     h, w = torch.randn(B, S, H, device=device), torch.randn(V, H, device=device)
     t = torch.randint(0, V, (B * S,), device=device)
+    copies = []
+    monkeypatch.setattr(backend_for(device), "runtime_row_copy_ahead", lambda *a: copies.append(a))
     loss, logits = check(fn, h, w, t, grad=True, **_padding_tolerance(device))
     assert logits.stride() == (S * V, V, 1)
+    # ember::padded_mm copies the product's rows, V of V + 3 (16 bytes of float32), into the dense result:
+    # the backend was asked to build that copy while the graph compiled
+    assert copies == [(torch.float32, V, V + 3, V)], copies
 
 
 def _forward_outputs(monkeypatch):

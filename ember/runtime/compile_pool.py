@@ -61,6 +61,14 @@ class WarmSpec:
     configs: list        # launch metas to compile: the kernel's one config, or every autotuning candidate
 
 
+@dataclasses.dataclass
+class Build:
+    """A kernel of a module for the workers to build, named as a DefineKernel names it (runtime/row_copy.py's
+    kernel, which no graph defines)."""
+    name: str
+    warm: WarmSpec
+
+
 def _worker_env() -> dict:
     # the interpreter's kernels compile nothing: workers always run real Triton
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -244,18 +252,22 @@ def config_key(meta: dict) -> str:
     return repr(sorted(meta.items()))
 
 
-def precompile(module, helpers, kernels: list) -> dict:
-    """Compile every launch config of these DefineKernels (of `module`) in the pool; returns when done, with
-    {kernel name: {config_key(config): its binary's facts}} for the binaries the C launcher can take.
+def precompile(module, helpers, kernels: list, min_jobs: int = 2) -> dict:
+    """Compile every launch config of these DefineKernels (of `module`; `helpers`: the module its kernels
+    call, or None) in the pool; returns when done, with {kernel name: {config_key(config): its binary's
+    facts}} for the binaries the C launcher can take. Fewer than `min_jobs` configs compile at their first
+    launch instead (one kernel compiles as fast there as through a worker, unless the main thread has
+    better to do).
     Jobs the pool has compiled before (a warm start: the same module, helpers, target and Triton cache) are
     not sent again, their facts read from the marker, and a warm start with nothing to send starts no workers."""
     from . import static_launch
     triton_driver.ready()       # the kernels launch next: with the driver built ahead, never a second one
     specs = [(k.name, k.warm, cfg) for k in kernels if k.warm is not None for cfg in k.warm.configs]
-    if _workers() < 2 or len(specs) < 2:
+    if _workers() < 2 or len(specs) < min_jobs:
         return {}
     target = _target()
-    jobs = [{"path": module.__file__, "helpers": helpers.__file__, "kernel": name, "target": target,
+    jobs = [{"path": module.__file__, "helpers": helpers.__file__ if helpers is not None else None,
+             "kernel": name, "target": target,
              "args": warm.args, "configs": [cfg], "static_launch": static_launch.__file__}
             for name, warm, cfg in specs]
     marker = _done_marker(jobs)
@@ -305,14 +317,14 @@ def waits_at_first_launch() -> bool:
 _ahead: list = []         # the threads that run precompile_ahead's calls, once started
 
 
-def precompile_ahead(module, helpers, kernels: list) -> "PendingBinaries":
-    """precompile(module, helpers, kernels) on a thread of its own: returns at once, and the first launch
+def precompile_ahead(module, helpers, kernels: list, min_jobs: int = 2) -> "PendingBinaries":
+    """precompile(module, helpers, kernels, min_jobs) on a thread of its own: returns at once, and the first launch
     that asks for a binary waits for all of them (PendingBinaries). Several graphs' calls (a step split by
     graph breaks) send their jobs to the workers without waiting for each other's."""
     with _starting:
         if not _ahead:
             _ahead.append(ThreadPoolExecutor(4, thread_name_prefix="ember-precompile"))
-    return PendingBinaries(_ahead[0].submit(precompile, module, helpers, kernels))
+    return PendingBinaries(_ahead[0].submit(precompile, module, helpers, kernels, min_jobs))
 
 
 class PendingBinaries:

@@ -97,9 +97,11 @@ class Worker:
 
     def _module(self, path: str, helpers_path: str):
         if path not in self.modules:
-            helpers = self.modules.get(helpers_path) or _load(helpers_path, {})
-            self.modules[helpers_path] = helpers
-            self.modules[path] = _load(path, {"helpers": helpers})
+            extra = {}
+            if helpers_path is not None:        # None: a module whose kernels call no helpers
+                extra["helpers"] = self.modules.get(helpers_path) or _load(helpers_path, {})
+                self.modules[helpers_path] = extra["helpers"]
+            self.modules[path] = _load(path, extra)
         return self.modules[path]
 
     def compile(self, job: dict) -> list:

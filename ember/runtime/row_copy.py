@@ -5,25 +5,50 @@ bandwidth; a kernel per (row, column block) streams them at the bandwidth (docs/
 `python -m experiments.matmul_pad_probe`)."""
 from __future__ import annotations
 
-import functools
+import os
 
 import torch
 
-_BLOCK = 2048
+from ..config import config
+
+# one program per (row, BLOCK columns)
+_META = {"BLOCK": 2048, "num_warps": 8}
+# (dtype, n, source row stride, destination row stride) -> the kernel's launcher for such copies
+_launchers: dict = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel():
-    import triton
-    import triton.language as tl
+_modules: dict = {}     # TRITON_INTERPRET's value -> the kernel's module loaded under it (@triton.jit reads it)
 
-    @triton.jit
-    def copy_rows(src, dst, n, src_stride, dst_stride, BLOCK: tl.constexpr):
-        row = tl.program_id(1).to(tl.int64)
-        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        keep = cols < n
-        tl.store(dst + row * dst_stride + cols, tl.load(src + row * src_stride + cols, mask=keep), mask=keep)
-    return copy_rows
+
+def _module():
+    key = os.environ.get("TRITON_INTERPRET")
+    if key not in _modules:
+        from .loader import load_module
+        with open(os.path.join(os.path.dirname(__file__), "row_copy_kernel.py")) as f:
+            _modules[key] = load_module(f.read(), "ember_row_copy")
+    return _modules[key]
+
+
+def compile_ahead(dtype: torch.dtype, n: int, src_stride: int, dst_stride: int) -> None:
+    """Have the compile workers build the copy of rows of `n` elements between these row strides, launched
+    through their binary at its first call: without it that call compiles the kernel with Triton's JIT on
+    the main thread (about a second of a cold GPT-2 training call on an H200) or, in a warm process, finds it
+    in Triton's cache after computing Triton's cache key (a third of a second). A graph that will call the
+    copy asks while it compiles (KernelBackend.runtime_row_copy_ahead); a warm process, at the first call,
+    gets the workers' binary from the marker an earlier process left (runtime/compile_pool.py)."""
+    key = (dtype, n, src_stride, dst_stride)
+    if key in _launchers:
+        return
+    fn = _module().copy_rows
+    if not config.fast_launch or not hasattr(fn, "params"):      # or Triton's interpreter runs it
+        _launchers[key] = fn
+        return
+    from . import compile_pool
+    from .launch import Launcher
+    build = compile_pool.Build("copy_rows", compile_pool.WarmSpec([dtype, dtype, n, src_stride, dst_stride],
+                                                                   [dict(_META)]))
+    pending = compile_pool.precompile_ahead(_module(), None, [build], min_jobs=1)
+    _launchers[key] = Launcher(fn, pending.get("copy_rows"), build.warm.args)
 
 
 def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -32,4 +57,7 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.device.type != "cuda" or rows > 65535 or dst.stride(1) != 1 or src.stride(1) != 1:
         dst.copy_(src)
         return
-    _kernel()[(-(-n // _BLOCK), rows)](src, dst, n, src.stride(0), dst.stride(0), BLOCK=_BLOCK, num_warps=8)
+    key = (dst.dtype, n, src.stride(0), dst.stride(0))
+    if key not in _launchers:
+        compile_ahead(*key)
+    _launchers[key][(-(-n // _META["BLOCK"]), rows)](src, dst, n, src.stride(0), dst.stride(0), **_META)

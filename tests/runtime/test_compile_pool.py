@@ -61,6 +61,39 @@ def test_workers_say_what_launching_each_binary_takes(pool, tmp_path):
         assert f["keep"] == [0, 1, 2] and f["codes"] == "OOi" + "O" * f["n_scratch"]
 
 
+def test_a_worker_builds_the_row_copy_which_calls_no_helpers(pool):
+    """runtime/row_copy.py's kernel is no graph's: a job with no helpers module builds it, and says how
+    torch's C launcher launches it (ember::padded_mm's first run then needs no JIT)."""
+    from ember.runtime import row_copy, static_launch
+    args = [torch.bfloat16, torch.bfloat16, 50257, 50264, 50257]
+    job = {"path": row_copy._module().__file__, "helpers": None, "kernel": "copy_rows", "target": ("cuda", 90, 32),
+           "args": args, "configs": [dict(row_copy._META)], "static_launch": static_launch.__file__}
+    facts = []
+    assert pool.run([job], facts) == []
+    assert facts[0][0]["name"] == "copy_rows" and facts[0][0]["warps"] == row_copy._META["num_warps"]
+
+
+def test_the_row_copy_is_built_ahead_once_per_shape(monkeypatch):
+    """compile_ahead sends one job per (dtype, row length, strides) to the workers, even alone, and the
+    launcher it keeps is built for exactly those arguments."""
+    from ember.runtime import row_copy
+    sent = []
+
+    def precompile_ahead(module, helpers, kernels, min_jobs=2):
+        sent.append((helpers, [(k.name, k.warm.args) for k in kernels], min_jobs))
+        return compile_pool.PendingBinaries(type("Done", (), {"result": lambda self: {}})())
+    monkeypatch.setattr(compile_pool, "precompile_ahead", precompile_ahead)
+    monkeypatch.setattr(row_copy, "_launchers", {})
+    monkeypatch.setattr(row_copy, "_modules", {})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # as on a GPU: a JITFunction to launch
+    with ember.config.patch(fast_launch=True):
+        for _ in range(2):
+            row_copy.compile_ahead(torch.bfloat16, 50257, 50264, 50257)
+    assert sent == [(None, [("copy_rows", [torch.bfloat16, torch.bfloat16, 50257, 50264, 50257])], 1)]
+    launcher = row_copy._launchers[(torch.bfloat16, 50257, 50264, 50257)]
+    assert launcher.built_for == [torch.bfloat16, torch.bfloat16, 50257, 50264, 50257]
+
+
 def test_a_failing_job_is_reported_and_the_rest_still_compile(pool, tmp_path):
     mod = loader.load_module(SOURCE, "ember_kernels_test", {"helpers": triton_helpers()})
     errors = pool.run([_job(mod, "no_such_kernel", {"XBLOCK": 64}), _job(mod, "scale", {"XBLOCK": 128})])
@@ -597,3 +630,20 @@ def test_a_training_steps_kernels_are_waited_for_at_their_first_launch(monkeypat
             check(lambda x: (x.sin() * x.cos()).sum(1), x)
     assert seen == [False], seen
     assert not compile_pool.waits_at_first_launch()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launching needs a GPU")
+def test_the_row_copy_launches_the_workers_binary(tmp_path, monkeypatch):
+    """ember::padded_mm's row copy, built ahead by the workers, copies misaligned rows exactly and its first
+    call loads the workers' binary instead of compiling through Triton's JIT."""
+    from ember.runtime import row_copy
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setattr(row_copy, "_launchers", {})
+    src = torch.randn(300, 1008, device="cuda").bfloat16()
+    dst = torch.empty(300, 1001, device="cuda", dtype=torch.bfloat16)
+    with ember.config.patch(compile_workers=2):
+        row_copy.compile_ahead(torch.bfloat16, 1001, 1008, 1001)
+        loaded = ember.metrics.binaries_loaded
+        row_copy.copy_rows(dst, src[:, :1001])
+    torch.testing.assert_close(dst, src[:, :1001], rtol=0, atol=0)
+    assert ember.metrics.binaries_loaded == loaded + 1

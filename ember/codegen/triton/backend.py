@@ -93,6 +93,11 @@ class TritonBackend(KernelBackend):
         if not self.interpreted:
             compile_pool.start()
 
+    def runtime_row_copy_ahead(self, dtype, n, src_stride, dst_stride) -> None:
+        if not self.interpreted:
+            from ...runtime import row_copy
+            row_copy.compile_ahead(dtype, n, src_stride, dst_stride)
+
     # -- code ---------------------------------------------------------------------------------------------
 
     def generate(self, name, group, graph, local) -> GeneratedKernel:

@@ -381,6 +381,9 @@ class _MatmulPadder:
                 restrided = _views_restrided(node, out.meta["val"])
         if returned and restrided is None:
             out = call_op(self.graph, padded_mm, a2, b2, bias2, s.m, s.n)
+            # its chunks are copied from the padded product's rows into the dense result's
+            val = node.meta["val"]
+            backend_for(val.device).runtime_row_copy_ahead(val.dtype, s.n, s.n + s.pad_n, s.n)
         return out, restrided
 
     def pad(self, x, rows: int, cols: int, matmul: torch.fx.Node):
