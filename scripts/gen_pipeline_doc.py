@@ -263,7 +263,8 @@ contents; `ember/debug/dump.py` writes each stage's output when `EMBER_DEBUG=1` 
         With no input requiring a gradient (as here) AOTAutograd produces one inference graph and calls
         `compile_graph(gm, inputs, is_inference=True)`. With gradients it first builds the joint
         forward+backward graph, runs ember's joint passes (`ember/graph/passes/joint.py`, then the user's
-        `config.joint_passes`) and partitions it with `min_cut_rematerialization_partition`, which picks what
+        `config.joint_passes`), merges its duplicate nodes (`ember/graph/passes/cse.py`) and partitions it
+        with `min_cut_rematerialization_partition`, which picks what
         the forward saves and what the backward recomputes (`ember/graph/passes/partition.py` lets it recompute
         pointwise values the backward's matrix products read); each half then goes to `compile_graph` (see
         [the same example with gradients](#the-same-example-with-gradients)).
