@@ -14,8 +14,8 @@ from typing import Optional
 
 import sympy
 
-from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, free_symbols, hint, simplify_index,
-                             size_symbols, terms_with, tree_size)
+from ...ir.symbolic import (FloorDiv, ModularIndexing, Remembered, expand_index, free_symbols, hint,
+                             simplify_index, size_symbols, terms_with, tree_size)
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ...schedule.tiling import TilingPolicy
 from ..kernel import IndexPrinter
@@ -127,7 +127,7 @@ def _vector_friendly(e, var) -> bool:
 
 def _split_rows(expr, X, R):
     flat = simplify_index(sympy.sympify(expr), ((XINDEX, X),))
-    e = sympy.expand(flat.xreplace({XINDEX: R * XINDEX + RINDEX}))
+    e = expand_index(flat.xreplace({XINDEX: R * XINDEX + RINDEX}))
     ranges = ((XINDEX, _exact_div(X, R)), (RINDEX, R))
     return simplify_index(e, ranges)
 

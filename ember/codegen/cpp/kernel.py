@@ -39,7 +39,7 @@ import sympy
 import torch
 
 from ...ir.op_table import REDUCTIONS, SCANS, compute_dtype
-from ...ir.symbolic import simplify_index, size_symbols
+from ...ir.symbolic import expand_index, simplify_index, size_symbols
 from ...schedule.nodes import RINDEX, XINDEX, canonical
 from ..kernel import ArgRegistry, KValue, Section, SectionedKernel, widest_kind
 from ..reduction_steps import softmax_stats_finish, softmax_stats_lane_step, welford_reciprocal, welford_update
@@ -147,7 +147,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         for n in self.nodes:
             subs = n.flat_vars(self.group)
             for d, w in [(d, 1) for d in n.read_deps] + [(d, stores) for d in n.write_deps]:
-                e = sympy.expand(canonical(d.index, subs, self.group))
+                e = expand_index(canonical(d.index, subs, self.group))
                 # an access without x (a LayerNorm's per-token statistics read by its weight-gradient
                 # column sums) is one vector shared by every row: cheap in either mode, so only the
                 # accesses over the whole (x, r) plane vote
@@ -168,7 +168,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         for n in self.nodes:
             subs = n.flat_vars(self.group)
             for d in n.read_deps:
-                e = sympy.expand(canonical(d.index, subs, self.group))
+                e = expand_index(canonical(d.index, subs, self.group))
                 if e.coeff(RINDEX) in (1, -1):
                     return False
         return True
@@ -285,7 +285,7 @@ class CppKernel(CppSpelling, SectionedKernel):
         xt, xl, rt, rl = sympy.symbols("ember_xt ember_xl ember_rt ember_rl", integer=True, nonnegative=True)
         e = simplify_index(sympy.sympify(index), self.ranges).xreplace({XINDEX: TX * xt + xl, RINDEX: TR * rt + rl})
         bounds = ((xl, TX), (rl, TR))
-        e = sympy.expand(simplify_index(sympy.expand(e), bounds))
+        e = expand_index(simplify_index(expand_index(e), bounds))
         if any(f.free_symbols & {xl, rl} for f in e.atoms(sympy.Function)):
             return None
         simd, outer = (xl, rl) if self.simd_x else (rl, xl)

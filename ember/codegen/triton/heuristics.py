@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import sympy
-
-from ...ir.symbolic import hint, is_static
+from ...ir.symbolic import expand_index, hint, is_static
 from ...schedule.nodes import RINDEX, canonical
 
 
@@ -140,7 +138,7 @@ def _read_indices(kernel) -> list:
     heuristics below ask several times while a kernel is generated and tuned)."""
     cached = kernel.__dict__.get("_heuristics_read_indices")
     if cached is None:
-        cached = [sympy.expand(canonical(d.index, n.flat_vars(kernel.group), kernel.group))
+        cached = [expand_index(canonical(d.index, n.flat_vars(kernel.group), kernel.group))
                   for n in kernel.nodes for d in n.read_deps]
         kernel.__dict__["_heuristics_read_indices"] = cached
     return cached
