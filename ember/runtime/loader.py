@@ -43,3 +43,19 @@ def load_module(source: str, prefix: str, extra_globals: dict | None = None) -> 
     # compiled from `source`, not read back from the file (nor from a bytecode file beside it)
     exec(compile(source, path, "exec"), mod.__dict__)
     return mod
+
+
+_triton_files: dict = {}      # (path, TRITON_INTERPRET's value) -> the module loaded from that file under it
+
+
+def load_triton_file(path: str, prefix: str) -> types.ModuleType:
+    """A file of hand-written @triton.jit functions (ember's kernel helpers, the row copy), loaded as
+    generated kernels are, so that its cache path names its source for the compile workers. One module per
+    TRITON_INTERPRET value: @triton.jit reads it when the module is loaded (an interpreted function, or a
+    JITFunction, which an interpreted kernel cannot call), so a module loaded under one setting serves no
+    kernel of the other."""
+    key = (path, os.environ.get("TRITON_INTERPRET"))
+    if key not in _triton_files:
+        with open(path) as f:
+            _triton_files[key] = load_module(f.read(), prefix)
+    return _triton_files[key]

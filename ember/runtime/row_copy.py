@@ -10,6 +10,7 @@ import os
 import torch
 
 from ..config import config
+from .loader import load_triton_file
 
 # one program per (row, BLOCK columns)
 _META = {"BLOCK": 2048, "num_warps": 8}
@@ -17,16 +18,8 @@ _META = {"BLOCK": 2048, "num_warps": 8}
 _launchers: dict = {}
 
 
-_modules: dict = {}     # TRITON_INTERPRET's value -> the kernel's module loaded under it (@triton.jit reads it)
-
-
 def _module():
-    key = os.environ.get("TRITON_INTERPRET")
-    if key not in _modules:
-        from .loader import load_module
-        with open(os.path.join(os.path.dirname(__file__), "row_copy_kernel.py")) as f:
-            _modules[key] = load_module(f.read(), "ember_row_copy")
-    return _modules[key]
+    return load_triton_file(os.path.join(os.path.dirname(__file__), "row_copy_kernel.py"), "ember_row_copy")
 
 
 def compile_ahead(dtype: torch.dtype, n: int, src_stride: int, dst_stride: int) -> None:
@@ -39,7 +32,8 @@ def compile_ahead(dtype: torch.dtype, n: int, src_stride: int, dst_stride: int) 
     key = (dtype, n, src_stride, dst_stride)
     if key in _launchers:
         return
-    fn = _module().copy_rows
+    module = _module()
+    fn = module.copy_rows
     if not config.fast_launch or not hasattr(fn, "params"):      # or Triton's interpreter runs it
         _launchers[key] = fn
         return
@@ -47,7 +41,7 @@ def compile_ahead(dtype: torch.dtype, n: int, src_stride: int, dst_stride: int) 
     from .launch import Launcher
     build = compile_pool.Build("copy_rows", compile_pool.WarmSpec([dtype, dtype, n, src_stride, dst_stride],
                                                                    [dict(_META)]))
-    pending = compile_pool.precompile_ahead(_module(), None, [build], min_jobs=1)
+    pending = compile_pool.precompile_ahead(module, None, [build], min_jobs=1)
     _launchers[key] = Launcher(fn, pending.get("copy_rows"), build.warm.args)
 
 

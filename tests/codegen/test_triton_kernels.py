@@ -232,7 +232,8 @@ def test_the_helpers_follow_the_interpreter_setting_they_are_loaded_under(monkey
     interpreter gets helpers it can call there, not JITFunctions ("Cannot call @triton.jit'd outside of the
     scope of a kernel"), and the other way round."""
     from ember.codegen.triton import backend
-    monkeypatch.setattr(backend, "_helpers", {})            # none loaded yet, as in a new process
+    from ember.runtime import loader
+    monkeypatch.setattr(loader, "_triton_files", {})        # none loaded yet, as in a new process
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not backend.is_interpreted(backend.triton_helpers().max_int)
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -84,7 +84,7 @@ def test_the_row_copy_is_built_ahead_once_per_shape(monkeypatch):
         return compile_pool.PendingBinaries(type("Done", (), {"result": lambda self: {}})())
     monkeypatch.setattr(compile_pool, "precompile_ahead", precompile_ahead)
     monkeypatch.setattr(row_copy, "_launchers", {})
-    monkeypatch.setattr(row_copy, "_modules", {})
+    monkeypatch.setattr(loader, "_triton_files", {})
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)       # as on a GPU: a JITFunction to launch
     with ember.config.patch(fast_launch=True):
         for _ in range(2):

@@ -15,7 +15,7 @@ from ...runtime import compile_pool
 from ...runtime.autotune import Autotuned, KernelTuning
 from ...runtime.launch import Launcher
 from ...runtime.template_choice import TemplateChoice, TemplateTuning
-from ...runtime.loader import load_module
+from ...runtime.loader import load_module, load_triton_file
 from ...schedule.tiling import DEFAULT_TILING, choose_tiling
 from ..generate import GeneratedKernel, generate_kernel, kernel_call_args, kernel_signature
 from ..wrapper.lines import CallKernel, DefineKernel, Name
@@ -203,19 +203,10 @@ class TritonBackend(KernelBackend):
         return Launcher(fn, binaries, built_for)
 
 
-_helpers: dict = {}     # TRITON_INTERPRET's value -> the helpers module loaded under it
-
-
 def triton_helpers() -> types.ModuleType:
     """ember.codegen.triton.helpers, loaded from its file as generated kernels are (so it follows the
-    interpreter setting); the compile workers load it by its path. One module per TRITON_INTERPRET value:
-    @triton.jit reads it when the module is loaded (an interpreted function, or a JITFunction, which
-    an interpreted kernel cannot call), so a module loaded under one setting serves no kernel of the other."""
-    key = os.environ.get("TRITON_INTERPRET")
-    if key not in _helpers:
-        with open(os.path.join(os.path.dirname(__file__), "helpers.py")) as f:
-            _helpers[key] = load_module(f.read(), "ember_helpers")
-    return _helpers[key]
+    interpreter setting); the compile workers load it by its path."""
+    return load_triton_file(os.path.join(os.path.dirname(__file__), "helpers.py"), "ember_helpers")
 
 
 def check_interpreter() -> None:
