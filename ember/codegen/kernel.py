@@ -153,6 +153,7 @@ class ArgRegistry:
         self.outputs: dict[str, str] = {}
         self.elements: dict[tuple, str] = {}       # (buffer name, position) -> parameter
         self.sizes: dict[sympy.Symbol, str] = {}
+        self.added_into: set[str] = set()          # outputs stored by atomic adds (accumulate)
         self._count = {"in_ptr": 0, "out_ptr": 0, "in_out_ptr": 0}
 
     def _new(self, kind: str) -> str:
@@ -182,6 +183,16 @@ class ArgRegistry:
         if read and name not in self.outputs:
             self.outputs[name] = self._new("in_out_ptr")
         return self.output(name)
+
+    def accumulate(self, name: str) -> str:
+        """The pointer of an output the kernel adds into (atomic adds): what it held before the launch counts."""
+        self.added_into.add(name)
+        return self.output(name)
+
+    def read_back(self) -> set[str]:
+        """Outputs whose contents before the launch the launch reads: read and written (in_out pointers) or
+        added into. A second launch leaves them different; every other output it writes again as before."""
+        return {n for n, p in self.outputs.items() if p.startswith("in_out_ptr")} | self.added_into
 
     def element(self, name: str, position: int) -> str:
         """The parameter holding `position`, for a load of that element of `name` (Buffer.elements_vary)."""

@@ -44,6 +44,8 @@ class KernelTuning:
     # asked once per size class (a persistent reduction of a symbolic row: RBLOCK must hold the row);
     # `configs` are then those of the example sizes (what is compiled ahead)
     configs_for: Optional[Callable[[int, int], list]] = None
+    # of `written`, the arguments the kernel also reads (in-out buffers, atomic adds); None: all of them
+    read_back: Optional[list] = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -121,7 +123,8 @@ class Autotuned:
         return cfg if cfg in configs else None
 
     def _tune(self, sizes, args, configs) -> dict:
-        best = fastest(configs, lambda cfg: self._time(cfg, args), args, self.tuning.written, "ember autotune")
+        best = fastest(configs, lambda cfg: self._time(cfg, args), args, self.tuning.written, "ember autotune",
+                       self.tuning.read_back)
         self._save(sizes, best)
         return best
 
@@ -142,11 +145,12 @@ class Autotuned:
         write_choice(self._path(sizes), cfg)
 
 
-def fastest(candidates: list, time: Callable, args, written, what: str):
-    """The candidate `time(candidate)` says is fastest. The arguments a launch writes (positions `written`
-    in `args`) are restored afterwards; a candidate that fails (a config the compiler rejects, a launch
-    that fails) is dropped with a debug log line."""
-    saved = {i: args[i].clone() for i in written}
+def fastest(candidates: list, time: Callable, args, written, what: str, read_back=None):
+    """The candidate `time(candidate)` says is fastest. Of the arguments a launch writes (positions
+    `written` in `args`), those a repeated launch changes are restored afterwards (`changed_by_relaunch`);
+    a candidate that fails (a config the compiler rejects, a launch that fails) is dropped with a debug log
+    line. The caller launches the chosen candidate next, which writes the other outputs as one launch would."""
+    saved = {i: args[i].clone() for i in changed_by_relaunch(args, written, read_back)}
     timings = []
     # A first run can happen under a dispatch mode (AOTAutograd analyzes custom ops' aliasing in one), which
     # sends every ATen call through Python: a library candidate would be timed with that host cost
@@ -163,6 +167,21 @@ def fastest(candidates: list, time: Callable, args, written, what: str):
     best = min(timings, key=lambda tc: tc[0])[1]
     log.debug("%s: %s", what, [(round(t * 1e3, 1), c) for t, c in timings])
     return best
+
+
+def changed_by_relaunch(args, written, read_back=None) -> list:
+    """Positions of written arguments that a second launch would leave different from the first: those the
+    kernel reads before writing (`read_back`; None: every written one) and those sharing memory with
+    another argument (an output computed in place of an input it reads). Only these need a copy while
+    candidates are timed: GPT-2's loss graph tuned a kernel with a 0.77 GB output, whose copy was the
+    first call's peak."""
+    back = set(written if read_back is None else read_back)
+    storages = {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            storages.setdefault(a.untyped_storage().data_ptr(), []).append(i)
+    shared = {i for group in storages.values() if len(group) > 1 for i in group}
+    return [i for i in written if i in back or i in shared]
 
 
 BACK_TO_BACK = 10       # launches per timed sample, as in a model

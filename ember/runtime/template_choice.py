@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -33,6 +34,7 @@ class TemplateTuning:
     sizes: tuple            # (batch, M, N, K)
     written: list           # positions of the arguments the kernel writes
     persistent: bool = True  # programs walk the tiles (at most one per SM); False: one program per tile
+    read_back: Optional[list] = None    # of those, the ones the kernel also reads (None: all of them)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -123,7 +125,7 @@ class TemplateChoice:
 
     def _tune(self, args, cands):
         best = fastest(cands, lambda cand: self._time(cand, args), args, self.tuning.written,
-                       "ember template autotune")
+                       "ember template autotune", self.tuning.read_back)
         write_choice(self._path(), best)
         return best
 

@@ -123,3 +123,51 @@ def test_candidates_are_timed_outside_the_callers_dispatch_modes():
         best = autotune.fastest([3, 1, 2], time, [x], [0], "test")
     assert best == 1 and len(timed) == 3
     assert torch.ops.aten.mm.default not in Seen.ops
+
+
+@triton.jit
+def _add_one(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) + 1.0, xmask)
+
+
+def test_only_outputs_a_relaunch_changes_are_copied_while_timing(tmp_cache, device, monkeypatch):
+    """A pure output is written again by the chosen launch, so timing candidates copies none of it (a
+    logits-sized output's copy was GPT-2's first-call peak); an output read back, or computed in place of
+    an input (sharing its memory), is restored, and each result is the one launch's."""
+    cfgs = [{"XBLOCK": 64, "num_warps": 1}, {"XBLOCK": 128, "num_warps": 1}, {"XBLOCK": 32, "num_warps": 1}]
+    cloned = []
+    real_clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: cloned.append(t.numel()) or real_clone(t, *a, **k))
+
+    pure = Autotuned(_add_one, KernelTuning(cfgs, xnumel_arg=2, tiled=False, written=[1], read_back=[]), "pure v1")
+    x, out = torch.randn(300, device=device), torch.randn(300, device=device)
+    pure.run(x, out, 300)
+    torch.testing.assert_close(out, x + 1.0)
+    assert cloned == []
+
+    in_place = Autotuned(_add_one, KernelTuning(cfgs, xnumel_arg=2, tiled=False, written=[1], read_back=[]),
+                         "in place v1")
+    y = torch.randn(300, device=device)
+    expected = y + 1.0
+    in_place.run(y, y, 300)                   # output computed in place of its input
+    torch.testing.assert_close(y, expected)
+    assert cloned == [300]
+
+    assert autotune.changed_by_relaunch([x, out, 3], [1]) == [1]                  # no read_back: all written
+    assert autotune.changed_by_relaunch([x, out, 3], [1], read_back=[]) == []
+    assert autotune.changed_by_relaunch([x, x[10:], 3], [1], read_back=[]) == [1]  # a view of its input
+
+
+def test_generated_kernels_name_the_outputs_they_read_back():
+    """The code generator says which written arguments the kernel also reads: an in-out pointer and an
+    atomic add's target count, a plain store does not."""
+    from ember.codegen.kernel import ArgRegistry
+    args = ArgRegistry()
+    args.input("a")
+    args.output("a")                          # read, then written: one in_out pointer
+    args.output("b")
+    args.accumulate("c")
+    args.pointer("d", read=True, written=True)
+    assert args.read_back() == {"a", "c", "d"}

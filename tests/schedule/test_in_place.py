@@ -77,3 +77,22 @@ def test_fusion_keeps_the_edges_between_groups_as_they_merge(device, monkeypatch
 
     check(fn, torch.randn(16, 32, device=device), torch.randn(32, 8, device=device), grad=True)
     assert checked and min(checked) >= 2
+
+
+def test_a_tuned_kernel_computing_in_place_gives_one_launchs_result(device, monkeypatch, tmp_path):
+    """Timing a kernel's candidates launches it many times: an output computed in place of its input must
+    be restored between them (they share memory), though the kernel writes it through a plain store."""
+    from ember.codegen.triton import heuristics
+    from ember.codegen.triton.backend import TritonBackend
+    from ember.runtime import autotune
+    monkeypatch.setattr(TritonBackend, "tunes", property(lambda self: True))
+    monkeypatch.setattr(heuristics, "TUNE_MIN_ELEMENTS", 0)     # tune even this small kernel
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    restored = []
+    changed = autotune.changed_by_relaunch
+    monkeypatch.setattr(autotune, "changed_by_relaunch", lambda *a, **k: restored.append(changed(*a, **k)) or restored[-1])
+    a, b = torch.randn(16, 48, device=device), torch.randn(48, 48, device=device)
+    with ember.config.patch(cpu_backend="triton", graph_cache=False):
+        check(_softmax_of_matmul, a, b)
+    assert ember.metrics.in_place_buffers == 1
+    assert restored and all(restored)         # the softmax kernel was tuned, and its in-place output restored

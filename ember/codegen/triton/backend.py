@@ -136,17 +136,19 @@ class TritonBackend(KernelBackend):
     def _tuning(self, k, meta):
         ptrs = k.args.call_order()
         written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
+        read_back = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.read_back()]
         xnumel_arg = len(ptrs) + len(k.args.elements)
         if k.rblock_at_launch:
             # RBLOCK must cover the row the launch passes: the launcher picks the config per size class
             configs_for = row_sized_configs(k, self.tunes)
-            return KernelTuning(configs_for(hint(k.X), hint(k.R)), xnumel_arg, k.tiled, written, configs_for)
+            return KernelTuning(configs_for(hint(k.X), hint(k.R)), xnumel_arg, k.tiled, written, configs_for,
+                                read_back)
         if not self.tunes:
             return None
         configs = candidate_configs(k, meta)
         if len(configs) < 2:
             return None
-        return KernelTuning(configs, xnumel_arg, k.tiled, written)
+        return KernelTuning(configs, xnumel_arg, k.tiled, written, read_back=read_back)
 
     def choose_products(self, specs, device):
         """{ProductSpec: the template's launch config, or None for the library call}, by timing each

@@ -303,7 +303,9 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
     args = [Name(buf) for _, buf in ptrs]
     source = k.source()
     written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
-    tuning = TemplateTuning(configs, sizes, written, persistent=not is_row_vector(sizes, batched))
+    read_back = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.read_back()]
+    tuning = TemplateTuning(configs, sizes, written, persistent=not is_row_vector(sizes, batched),
+                            read_back=read_back)
     warm = None
     if backend.precompiles:
         compile_pool.start()

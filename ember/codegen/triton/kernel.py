@@ -176,7 +176,7 @@ class TritonKernel(TritonSpelling, SectionedKernel):
             idx, kind = f"{idx} + tl.zeros({self.shape('x')}, tl.int32)", "x"
         if name in self.local:
             return None
-        ptr = self.args.output(name)
+        ptr = self.args.accumulate(name) if mode == "atomic_add" else self.args.output(name)
         buf_dtype = self.graph.get_dtype(name)
         val = self._broadcast(value, kind, buf_dtype)
         if buf_dtype == torch.bool:
