@@ -28,6 +28,31 @@ def readers(node: torch.fx.Node, through=RESHAPES) -> list:
     return out
 
 
+def depends_on_tangents(gm: torch.fx.GraphModule) -> set:
+    """The nodes of a joint forward+backward graph that depend on a tangent: the backward's."""
+    seen = set()
+    for n in gm.graph.nodes:
+        if (n.op == "placeholder" and "tangents" in str(n.target)) or any(a in seen for a in n.all_input_nodes):
+            seen.add(n)
+    return seen
+
+
+def forward_nodes(gm: torch.fx.GraphModule, output: torch.fx.Node, backward: set) -> set:
+    """The nodes some forward result depends on: a forward output (in a joint graph, an output that
+    depends on no tangent; a gradient that does not either only makes this set larger) or a forward side
+    effect (the copy_ that updates BatchNorm's running statistics)."""
+    roots = [a for a in output.all_input_nodes if a not in backward]
+    roots += [n for n in gm.graph.nodes if n.op == "call_function" and not n.users and n.is_impure()
+              and n not in backward]
+    stack, seen = roots, set()
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
 def is_pointwise(node: torch.fx.Node) -> bool:
     """Is node an elementwise op (ATen's pointwise tag)?"""
     return node.op == "call_function" and torch.Tag.pointwise in getattr(node.target, "tags", ())

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from .common import depends_on_tangents, forward_nodes
+
 aten, prims = torch.ops.aten, torch.ops.prims
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -50,30 +52,6 @@ def cast_dtype(node: torch.fx.Node):
     return node.kwargs.get("dtype")
 
 
-def _depends_on_tangents(gm: torch.fx.GraphModule) -> set:
-    seen = set()
-    for n in gm.graph.nodes:
-        if (n.op == "placeholder" and "tangents" in str(n.target)) or any(a in seen for a in n.all_input_nodes):
-            seen.add(n)
-    return seen
-
-
-def _forward_nodes(gm: torch.fx.GraphModule, output: torch.fx.Node, backward: set) -> set:
-    """The nodes some forward result depends on: a forward output (in a joint graph, an output that
-    depends on no tangent; a gradient that does not either only makes this set larger) or a forward side
-    effect (the copy_ that updates BatchNorm's running statistics)."""
-    roots = [a for a in output.all_input_nodes if a not in backward]
-    roots += [n for n in gm.graph.nodes if n.op == "call_function" and not n.users and n.is_impure()
-              and n not in backward]
-    stack, seen = roots, set()
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
-
-
 def widen_saved_values(gm: torch.fx.GraphModule) -> None:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     forward = None
@@ -89,8 +67,8 @@ def widen_saved_values(gm: torch.fx.GraphModule) -> None:
         if not users or any(cast_dtype(u) != wide_dtype for u in users):
             continue
         if forward is None:
-            backward = _depends_on_tangents(gm)
-            forward = _forward_nodes(gm, output, backward)
+            backward = depends_on_tangents(gm)
+            forward = forward_nodes(gm, output, backward)
         if wide in backward or any(u in forward for u in users):
             continue
         for u in users:
