@@ -191,6 +191,27 @@ def test_activation_checkpointing_keeps_its_own_policy(device):
     assert_close(a_grads, e_grads, what="grad")
 
 
+def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device):
+    """torch.utils.checkpoint over a region with dropout: the partition replays the random op in the
+    backward through run_and_save_rng_state / run_with_rng_state, whose nodes carry no fake value. Both
+    graphs compile (the dropout as an ATen call) and the backward's mask is the forward's."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64).to(device)
+    fn = fresh_compile(lambda x: torch.utils.checkpoint.checkpoint(
+        lambda t: F.dropout(torch.tanh(lin(t)), 0.3, True), x, use_reentrant=False) * 2)
+    x = torch.randn(32, 64, device=device, requires_grad=True)
+    y = fn(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    kept = y != 0
+    assert 0.5 < kept.float().mean().item() < 0.9
+    xe = x.detach().clone().requires_grad_(True)
+    (torch.tanh(lin(xe)) * kept / 0.7 * 2).backward(g)
+    assert_close(x.grad, xe.grad, what="grad")
+    assert ember.metrics.eager_fallbacks == 0
+    assert ember.metrics.fallbacks["run_and_save_rng_state"] == 1
+
+
 def _joint_graph(module, *inputs):
     """AOTAutograd's joint graph of one training step of `module`, with ember's decompositions."""
     from functorch.compile import aot_module, make_boxed_func

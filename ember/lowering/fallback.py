@@ -288,14 +288,37 @@ def fallback_higher_order(op, args, kwargs, node: torch.fx.Node):
     ir_args = [_realize_nested(a) for a in args]
     ir_kwargs = {k: _realize_nested(v) for k, v in kwargs.items()}
     metrics.fallbacks[str(getattr(op, "__name__", op))] += 1
-    val = node.meta.get("val")
+    val = _traced_value(node)
     if isinstance(val, torch.Tensor):
         return TensorBox(g.register_buffer(ExternKernel(None, Layout.from_tensor(val), op, ir_args, ir_kwargs)))
     kernel = g.register_buffer(ExternKernel(None, None, op, ir_args, ir_kwargs))
+    return _outputs(g, kernel, val, ())
+
+
+def _outputs(g, kernel, val, path: tuple):
+    """The extern `kernel`'s result shaped as its fake value `val`: one MultiOutput per tensor, reached by
+    its path of indices or keys (a result may nest: run_and_save_rng_state returns (state, (out, mask)))."""
+    if isinstance(val, torch.Tensor):
+        return TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(val), kernel, path)))
     if isinstance(val, dict):
-        return {k: TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(v), kernel, (k,))))
-                if isinstance(v, torch.Tensor) else v for k, v in val.items()}
+        return {k: _outputs(g, kernel, v, path + (k,)) for k, v in val.items()}
     if isinstance(val, (list, tuple)):
-        return type(val)(TensorBox(g.register_buffer(MultiOutput(None, Layout.from_tensor(v), kernel, (i,))))
-                         if isinstance(v, torch.Tensor) else v for i, v in enumerate(val))
-    return None
+        return type(val)(_outputs(g, kernel, v, path + (i,)) for i, v in enumerate(val))
+    return val
+
+
+def _traced_value(node: torch.fx.Node):
+    """The node's fake value; where the graph has none (the partitioner's run_and_save_rng_state and
+    run_with_rng_state, which replay a checkpointed region's random op in the backward), the op run on its
+    arguments' fake values."""
+    val = node.meta.get("val")
+    if val is not None:
+        return val
+    fake = lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+    args = torch.utils._pytree.tree_map(fake, node.args)
+    kwargs = torch.utils._pytree.tree_map(fake, node.kwargs)
+    mode = torch._guards.detect_fake_mode(args)
+    if mode is None:
+        return None
+    with mode:
+        return node.target(*args, **kwargs)
