@@ -197,6 +197,27 @@ def test_an_opaque_graph_input_is_passed_on_as_called():
     assert out[1] is real
 
 
+def test_a_generator_graph_input_runs_the_graph_eagerly():
+    """AOTAutograd's CUDA-graph-safe replay of a checkpointed random op passes generators as graph inputs.
+    ember cannot hand a call's generator to the op yet, so such a graph runs eagerly (with the generator it
+    is called with), never with the one seen while tracing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g = torch.fx.Graph()
+    x, gen = g.placeholder("x"), g.placeholder("rng_state")
+    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
+    g.output((y,))
+    gm = torch.fx.GraphModule({}, g)
+    with FakeTensorMode() as mode:
+        x.meta["val"] = mode.from_tensor(torch.randn(4, 8))
+        y.meta["val"] = x.meta["val"] * 2.0
+    gen.meta["val"] = torch.Generator().manual_seed(0)
+    with ember.config.patch(fallback_on_error=True), pytest.warns(RuntimeWarning, match="torch.Generator"):
+        compiled = ember.compile_graph(gm, [torch.randn(4, 8), gen.meta["val"]])
+    t = torch.randn(4, 8)
+    assert_close(compiled([t, torch.Generator()])[0], t * 2.0)
+    assert ember.metrics.eager_fallbacks == 1
+
+
 def test_a_compiled_graph_keeps_none_of_the_ir_it_was_built_from():
     """The compiled callable holds its wrapper and kernels, not the fusion groups and loop-level IR they came
     from: those would stay alive (memory, and work for every full pass of Python's collector) as long as the

@@ -192,6 +192,11 @@ class GraphLowering(torch.fx.Interpreter):
             return expr
         if isinstance(val, (torch.SymFloat, torch.SymBool, float, bool)):
             raise Unsupported(f"graph input {name} is a {type(val).__name__}")
+        if isinstance(val, torch.Generator):
+            # AOTAutograd's CUDA-graph-safe replay of a checkpointed random op passes the generators it
+            # keeps in step between forward and backward; a call must receive this input, not the
+            # generator seen while tracing, which the wrapper cannot pass yet
+            raise Unsupported(f"graph input {name} is a torch.Generator")
         self.graph_inputs[name] = val
         return val
 
