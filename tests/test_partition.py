@@ -191,25 +191,40 @@ def test_activation_checkpointing_keeps_its_own_policy(device):
     assert_close(a_grads, e_grads, what="grad")
 
 
-def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device):
-    """torch.utils.checkpoint over a region with dropout: the partition replays the random op in the
-    backward through run_and_save_rng_state / run_with_rng_state, whose nodes carry no fake value. Both
-    graphs compile (the dropout as an ATen call) and the backward's mask is the forward's."""
+@pytest.mark.parametrize("width", [64, 33])
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device, width, kept):
+    """torch.utils.checkpoint over a region with dropout. ember keeps the mask (as bits where it packs:
+    32 x 64; 31 x 33 keeps its bool bytes) and recomputes the region's output from it, so the backward replays the region without a
+    random op; with packed_dropout_masks off, torch's partitioner replays the draw through
+    run_and_save_rng_state / run_with_rng_state (nodes without a fake value), which run as ATen calls.
+    Either way both graphs compile and the backward's mask is the forward's."""
     torch.manual_seed(0)
-    lin = nn.Linear(64, 64).to(device)
+    lin = nn.Linear(width, width).to(device)
     fn = fresh_compile(lambda x: torch.utils.checkpoint.checkpoint(
         lambda t: F.dropout(torch.tanh(lin(t)), 0.3, True), x, use_reentrant=False) * 2)
-    x = torch.randn(32, 64, device=device, requires_grad=True)
-    y = fn(x)
+    x = torch.randn(32 if width % 8 == 0 else 31, width, device=device, requires_grad=True)
+    saved = []
+    with ember.config.patch(packed_dropout_masks=kept), \
+            torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.numel())) or t, lambda t: t):
+        y = fn(x)
     g = torch.randn_like(y)
     y.backward(g)
-    kept = y != 0
-    assert 0.5 < kept.float().mean().item() < 0.9
+    dropped = y == 0
+    assert 0.1 < dropped.float().mean().item() < 0.5
     xe = x.detach().clone().requires_grad_(True)
-    (torch.tanh(lin(xe)) * kept / 0.7 * 2).backward(g)
+    (torch.tanh(lin(xe)) * ~dropped / 0.7 * 2).backward(g)
     assert_close(x.grad, xe.grad, what="grad")
     assert ember.metrics.eager_fallbacks == 0
-    assert ember.metrics.fallbacks["run_and_save_rng_state"] == 1
+    replayed = ember.metrics.fallbacks["run_and_save_rng_state"]
+    if kept:
+        assert replayed == 0
+        mask = (torch.uint8, x.numel() // 8) if x.numel() % 8 == 0 else (torch.bool, x.numel())
+        assert mask in saved
+        # of the region's values only its input is kept: the rest is recomputed
+        assert sum(1 for d, n in saved if d == x.dtype and n == x.numel()) == 1
+    else:
+        assert replayed == 1
 
 
 def _joint_graph(module, *inputs):

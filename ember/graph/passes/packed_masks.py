@@ -11,13 +11,23 @@ gradient is the one the bool mask gives.
 
 Masks of fewer than MIN_PACKED_ELEMENTS elements, of a number of elements not a multiple of eight, or not
 contiguous keep their bytes; `config.packed_dropout_masks` (EMBER_PACKED_DROPOUT_MASKS=0) turns the pass off.
+
+A dropout inside a checkpointed region (torch.utils.checkpoint: its nodes carry a recompute policy) would be
+replayed in the backward: torch's partitioner then wraps it in run_and_save_rng_state / run_with_rng_state
+(on a GPU, generators passed as graph inputs, which ember does not take: the graph ran eagerly), which run
+as ATen calls, outside ember's kernels. Instead its mask is kept (as bits whatever its size, where its
+elements are a multiple of eight and contiguous; else as bools) and the region's output is
+`x * mask * scale` recomputed from the kept mask: the backward replays the region without drawing again,
+with the very mask the forward drew, as eager's checkpoint does by restoring the generator's state.
 """
 from __future__ import annotations
 
 import operator
+from typing import Optional
 
 import torch
 import torch.fx
+from torch.utils.checkpoint import CheckpointPolicy
 
 from ... import config
 from .common import call_op, depends_on_tangents, forward_nodes
@@ -29,17 +39,22 @@ MIN_PACKED_ELEMENTS = 1 << 16
 BITS = 8
 
 
-def _mask_of(dropout: torch.fx.Node):
-    """native_dropout's second result, the bool mask, if the graph reads it."""
-    return next((u for u in dropout.users if u.target is operator.getitem and u.args[1] == 1), None)
+def _result(dropout: torch.fx.Node, i: int):
+    """native_dropout's result i (0: the output, 1: the bool mask), if the graph reads it."""
+    return next((u for u in dropout.users if u.target is operator.getitem and u.args[1] == i), None)
 
 
-def _packable(mask: torch.fx.Node) -> bool:
+def _packable(mask: torch.fx.Node, min_elements: Optional[int] = None) -> bool:
     val = mask.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype != torch.bool:
         return False
     n = val.numel()
-    return isinstance(n, int) and n >= MIN_PACKED_ELEMENTS and n % BITS == 0 and val.is_contiguous()
+    least = MIN_PACKED_ELEMENTS if min_elements is None else min_elements
+    return isinstance(n, int) and n >= least and n % BITS == 0 and val.is_contiguous()
+
+
+def _checkpointed(node: torch.fx.Node) -> bool:
+    return node.meta.get("recompute") in (CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_RECOMPUTE)
 
 
 def _arange(graph: torch.fx.Graph, like: torch.fx.Node) -> torch.fx.Node:
@@ -66,6 +81,39 @@ def _unpack(graph: torch.fx.Graph, packed: torch.fx.Node, shape) -> torch.fx.Nod
     return call_op(graph, aten.view.default, flag, list(shape))
 
 
+def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> None:
+    """A checkpointed region's dropout: its mask kept (packed where it can be), its output recomputed from
+    the kept mask, so the backward's replay of the region draws nothing."""
+    x, p = dropout.args[0], dropout.args[1]
+    out = _result(dropout, 0)
+    mask = _result(dropout, 1)
+    if mask is None:
+        with graph.inserting_before(dropout.next):
+            mask = graph.call_function(operator.getitem, (dropout, 1))
+        mask.meta.update(dropout.meta, val=dropout.meta["val"][1])
+    tags = {k: dropout.meta[k] for k in ("recompute", "ac_graph_id") if k in dropout.meta}
+    readers = list(mask.users)
+    after = mask.next
+    with graph.inserting_before(after):
+        packable = _packable(mask, min_elements=BITS)
+        # unpacked, a copy: the partitioner does not honour a policy on the getitem of a random op
+        kept = _pack(graph, mask) if packable else call_op(graph, aten.clone.default, mask)
+        before_unpacking = set(graph.nodes)
+        flag = _unpack(graph, kept, mask.meta["val"].shape) if packable else kept
+        dtype = x.meta["val"].dtype
+        recomputed = call_op(graph, aten.mul.Tensor,
+                             call_op(graph, aten.mul.Tensor, x, call_op(graph, aten._to_copy.default, flag, dtype=dtype)),
+                             1.0 / (1.0 - p))
+    for n in graph.nodes:               # the unpacking and the output: recomputed with the region
+        if n not in before_unpacking:
+            n.meta.update(tags)
+    kept.meta.update(tags, recompute=CheckpointPolicy.MUST_SAVE)
+    for user in readers:
+        user.replace_input_with(mask, flag)
+    if out is not None:
+        out.replace_all_uses_with(recomputed)
+
+
 def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
     if not config.packed_dropout_masks:
         return
@@ -73,8 +121,14 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     forward = None
     order = {n: i for i, n in enumerate(graph.nodes)}
+    changed = False
     for dropout in list(graph.find_nodes(op="call_function", target=aten.native_dropout.default)):
-        mask = _mask_of(dropout)
+        if _checkpointed(dropout) and isinstance(dropout.args[1], float) and 0 < dropout.args[1] < 1 \
+                and (len(dropout.args) < 3 or dropout.args[2] is not False):
+            _keep_checkpointed_mask(graph, dropout)
+            changed = True
+            continue
+        mask = _result(dropout, 1)
         if mask is None or not _packable(mask):
             continue
         if forward is None:
@@ -89,5 +143,6 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
             unpacked = _unpack(graph, packed, mask.meta["val"].shape)
         for user in reading:
             user.replace_input_with(mask, unpacked)
-    if forward is not None:
+        changed = True
+    if changed:
         gm.recompile()
