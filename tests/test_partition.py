@@ -227,6 +227,29 @@ def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device, width, kep
         assert replayed == 1
 
 
+def test_a_checkpointed_stochastic_depth_keeps_its_draw(device):
+    """Stochastic depth (timm's DropPath: per-sample keep flags from bernoulli) inside
+    torch.utils.checkpoint: the flags are saved, not replayed through run_and_save_rng_state, and the
+    backward uses the forward's flags."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64).to(device)
+
+    def region(t):
+        keep = t.new_empty(t.shape[0], 1).bernoulli_(0.75)
+        return torch.tanh(lin(t)) * keep / 0.75
+    fn = fresh_compile(lambda x: torch.utils.checkpoint.checkpoint(region, x, use_reentrant=False) * 2)
+    x = torch.randn(64, 64, device=device, requires_grad=True)
+    y = fn(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    rows = (y != 0).any(-1, keepdim=True)
+    assert 0.4 < rows.float().mean().item() < 0.95
+    xe = x.detach().clone().requires_grad_(True)
+    (torch.tanh(lin(xe)) * rows / 0.75 * 2).backward(g)
+    assert_close(x.grad, xe.grad, what="grad")
+    assert ember.metrics.eager_fallbacks == 0 and ember.metrics.fallbacks["run_and_save_rng_state"] == 0
+
+
 def _joint_graph(module, *inputs):
     """AOTAutograd's joint graph of one training step of `module`, with ember's decompositions."""
     from functorch.compile import aot_module, make_boxed_func

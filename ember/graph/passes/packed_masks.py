@@ -18,7 +18,8 @@ replayed in the backward: torch's partitioner then wraps it in run_and_save_rng_
 as ATen calls, outside ember's kernels. Instead its mask is kept (as bits whatever its size, where its
 elements are a multiple of eight and contiguous; else as bools) and the region's output is
 `x * mask * scale` recomputed from the kept mask: the backward replays the region without drawing again,
-with the very mask the forward drew, as eager's checkpoint does by restoring the generator's state.
+with the very mask the forward drew, as eager's checkpoint does by restoring the generator's state. The
+region's other random ops of one result (stochastic depth's `bernoulli` keep flags) are saved the same way.
 """
 from __future__ import annotations
 
@@ -114,6 +115,19 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
         out.replace_all_uses_with(recomputed)
 
 
+def _keep_checkpointed_draws(graph: torch.fx.Graph) -> bool:
+    """A checkpointed region's other random ops of one result (bernoulli, rand_like: stochastic depth's
+    per-sample keep flags) are saved, not replayed in the backward."""
+    changed = False
+    for n in graph.nodes:
+        if n.op == "call_function" and _checkpointed(n) and n.target is not aten.native_dropout.default \
+                and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) \
+                and isinstance(n.meta.get("val"), torch.Tensor):
+            n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            changed = True
+    return changed
+
+
 def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
     if not config.packed_dropout_masks:
         return
@@ -121,7 +135,7 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     forward = None
     order = {n: i for i, n in enumerate(graph.nodes)}
-    changed = False
+    changed = _keep_checkpointed_draws(graph)
     for dropout in list(graph.find_nodes(op="call_function", target=aten.native_dropout.default)):
         if _checkpointed(dropout) and isinstance(dropout.args[1], float) and 0 < dropout.args[1] < 1 \
                 and (len(dropout.args) < 3 or dropout.args[2] is not False):
