@@ -194,6 +194,13 @@ class ArgRegistry:
         added into. A second launch leaves them different; every other output it writes again as before."""
         return {n for n, p in self.outputs.items() if p.startswith("in_out_ptr")} | self.added_into
 
+    def written_positions(self) -> tuple[list, list]:
+        """(positions in call_order of the buffers the kernel writes, of those it also reads back): what
+        the autotuner restores after timing candidates."""
+        ptrs, back = self.call_order(), self.read_back()
+        return ([i for i, (_, buf) in enumerate(ptrs) if buf in self.outputs],
+                [i for i, (_, buf) in enumerate(ptrs) if buf in back])
+
     def element(self, name: str, position: int) -> str:
         """The parameter holding `position`, for a load of that element of `name` (Buffer.elements_vary)."""
         return self.elements.setdefault((name, position), f"elem{len(self.elements)}")

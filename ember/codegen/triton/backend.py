@@ -134,10 +134,8 @@ class TritonBackend(KernelBackend):
         return compile_pool.WarmSpec([graph.get_dtype(a) if isinstance(a, Name) else hint(a) for a in args], configs)
 
     def _tuning(self, k, meta):
-        ptrs = k.args.call_order()
-        written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
-        read_back = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.read_back()]
-        xnumel_arg = len(ptrs) + len(k.args.elements)
+        written, read_back = k.args.written_positions()
+        xnumel_arg = len(k.args.call_order()) + len(k.args.elements)
         if k.rblock_at_launch:
             # RBLOCK must cover the row the launch passes: the launcher picks the config per size class
             configs_for = row_sized_configs(k, self.tunes)

@@ -301,9 +301,8 @@ def generate_template(backend, name: str, group, graph, local: set) -> Generated
                                                                         backend.interpreted, materialize))
     ptrs = k.args.call_order()
     args = [Name(buf) for _, buf in ptrs]
+    written, read_back = k.args.written_positions()
     source = k.source()
-    written = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.outputs]
-    read_back = [i for i, (_, buf) in enumerate(ptrs) if buf in k.args.read_back()]
     tuning = TemplateTuning(configs, sizes, written, persistent=not is_row_vector(sizes, batched),
                             read_back=read_back)
     warm = None

@@ -99,15 +99,15 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
         packable = _packable(mask, min_elements=BITS)
         # unpacked, a copy: the partitioner does not honour a policy on the getitem of a random op
         kept = _pack(graph, mask) if packable else call_op(graph, aten.clone.default, mask)
-        before_unpacking = set(graph.nodes)
         flag = _unpack(graph, kept, mask.meta["val"].shape) if packable else kept
         dtype = x.meta["val"].dtype
         recomputed = call_op(graph, aten.mul.Tensor,
                              call_op(graph, aten.mul.Tensor, x, call_op(graph, aten._to_copy.default, flag, dtype=dtype)),
                              1.0 / (1.0 - p))
-    for n in graph.nodes:               # the unpacking and the output: recomputed with the region
-        if n not in before_unpacking:
-            n.meta.update(tags)
+    n = kept.next
+    while n is not after:               # the unpacking and the output: recomputed with the region
+        n.meta.update(tags)
+        n = n.next
     kept.meta.update(tags, recompute=CheckpointPolicy.MUST_SAVE)
     for user in readers:
         user.replace_input_with(mask, flag)
