@@ -197,25 +197,31 @@ def test_an_opaque_graph_input_is_passed_on_as_called():
     assert out[1] is real
 
 
-def test_a_generator_graph_input_runs_the_graph_eagerly():
-    """AOTAutograd's CUDA-graph-safe replay of a checkpointed random op passes generators as graph inputs.
-    ember cannot hand a call's generator to the op yet, so such a graph runs eagerly (with the generator it
-    is called with), never with the one seen while tracing."""
+def test_a_generator_graph_input_is_the_one_the_call_passes():
+    """AOTAutograd's CUDA-graph-safe replay of a checkpointed random op passes generators as graph inputs
+    (graphsafe_run_with_rng_state's rng_state). The compiled graph hands the op the generator it is called
+    with, never the one seen while tracing: two calls with generators seeded alike draw alike, and each
+    call advances its own generator as eager does."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     g = torch.fx.Graph()
     x, gen = g.placeholder("x"), g.placeholder("rng_state")
-    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
+    noise = g.call_function(torch.ops.aten.normal_functional.default, (x,), {"generator": gen})
+    y = g.call_function(torch.ops.aten.mul.Tensor, (noise, 2.0))
     g.output((y,))
     gm = torch.fx.GraphModule({}, g)
     with FakeTensorMode() as mode:
         x.meta["val"] = mode.from_tensor(torch.randn(4, 8))
-        y.meta["val"] = x.meta["val"] * 2.0
-    gen.meta["val"] = torch.Generator().manual_seed(0)
-    with ember.config.patch(fallback_on_error=True), pytest.warns(RuntimeWarning, match="torch.Generator"):
-        compiled = ember.compile_graph(gm, [torch.randn(4, 8), gen.meta["val"]])
+        noise.meta["val"] = torch.empty_like(x.meta["val"])
+        y.meta["val"] = noise.meta["val"] * 2.0
+    traced = torch.Generator().manual_seed(123)
+    gen.meta["val"] = traced
+    compiled = ember.compile_graph(gm, [torch.randn(4, 8), traced])
+    assert ember.metrics.eager_fallbacks == 0
     t = torch.randn(4, 8)
-    assert_close(compiled([t, torch.Generator()])[0], t * 2.0)
-    assert ember.metrics.eager_fallbacks == 1
+    mine, eager = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for _ in range(2):                       # the second call draws on from where the first left the generator
+        assert_close(compiled([t, mine])[0], torch.empty_like(t).normal_(generator=eager) * 2.0)
+    assert traced.initial_seed() == 123 and torch.equal(traced.get_state(), torch.Generator().manual_seed(123).get_state())
 
 
 def test_a_compiled_graph_keeps_none_of_the_ir_it_was_built_from():

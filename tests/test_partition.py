@@ -197,7 +197,8 @@ def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device, width, kep
     """torch.utils.checkpoint over a region with dropout. ember keeps the mask (as bits where it packs:
     32 x 64; 31 x 33 keeps its bool bytes) and recomputes the region's output from it, so the backward replays the region without a
     random op; with packed_dropout_masks off, torch's partitioner replays the draw through
-    run_and_save_rng_state / run_with_rng_state (nodes without a fake value), which run as ATen calls.
+    run_and_save_rng_state / run_with_rng_state (nodes without a fake value; on a GPU
+    graphsafe_run_with_rng_state, given generators as graph inputs), which run as ATen calls.
     Either way both graphs compile and the backward's mask is the forward's."""
     torch.manual_seed(0)
     lin = nn.Linear(width, width).to(device)
@@ -216,7 +217,9 @@ def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device, width, kep
     (torch.tanh(lin(xe)) * ~dropped / 0.7 * 2).backward(g)
     assert_close(x.grad, xe.grad, what="grad")
     assert ember.metrics.eager_fallbacks == 0
-    replayed = ember.metrics.fallbacks["run_and_save_rng_state"]
+    # the replay's ops: run_and_save_rng_state / run_with_rng_state; on a GPU graphsafe_run_with_rng_state,
+    # handed the generators the call passes
+    replayed = sum(n for op, n in ember.metrics.fallbacks.items() if "rng_state" in op)
     if kept:
         assert replayed == 0
         mask = (torch.uint8, x.numel() // 8) if x.numel() % 8 == 0 else (torch.bool, x.numel())
@@ -224,7 +227,7 @@ def test_a_checkpointed_dropout_compiles_and_replays_its_mask(device, width, kep
         # of the region's values only its input is kept: the rest is recomputed
         assert sum(1 for d, n in saved if d == x.dtype and n == x.numel()) == 1
     else:
-        assert replayed == 1
+        assert replayed >= 1
 
 
 def test_a_checkpointed_stochastic_depth_keeps_its_draw(device):
@@ -247,7 +250,8 @@ def test_a_checkpointed_stochastic_depth_keeps_its_draw(device):
     xe = x.detach().clone().requires_grad_(True)
     (torch.tanh(lin(xe)) * rows / 0.75 * 2).backward(g)
     assert_close(x.grad, xe.grad, what="grad")
-    assert ember.metrics.eager_fallbacks == 0 and ember.metrics.fallbacks["run_and_save_rng_state"] == 0
+    assert ember.metrics.eager_fallbacks == 0
+    assert sum(n for op, n in ember.metrics.fallbacks.items() if "rng_state" in op) == 0
 
 
 def _joint_graph(module, *inputs):

@@ -278,13 +278,14 @@ class ProgramBuilder:
             return {k: self._arg(v) for k, v in a.items()}
         if isinstance(a, torch.SymInt):
             return sympify(a)
-        if isinstance(a, FakeScriptObject):
+        if isinstance(a, (FakeScriptObject, torch.Generator)):
             return self._opaque_input(a)
         return a
 
     def _opaque_input(self, fake) -> Name:
-        """A graph input that is an opaque object (DTensor's traced graphs take some), by its input's name:
-        the lowering holds the object traced (a fake), the wrapper must pass on the one it is called with."""
+        """A graph input that is an opaque object (DTensor's traced graphs take some; a torch.Generator), by
+        its input's name: the lowering holds the object traced, the wrapper must pass on the one it is called
+        with."""
         name = next((n for n, v in self.g.graph_inputs.items() if v is fake), None)
         if name is None:
             raise NotImplementedError(f"an opaque object that is not a graph input: {fake!r}")

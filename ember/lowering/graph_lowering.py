@@ -192,11 +192,9 @@ class GraphLowering(torch.fx.Interpreter):
             return expr
         if isinstance(val, (torch.SymFloat, torch.SymBool, float, bool)):
             raise Unsupported(f"graph input {name} is a {type(val).__name__}")
-        if isinstance(val, torch.Generator):
-            # AOTAutograd's CUDA-graph-safe replay of a checkpointed random op passes the generators it
-            # keeps in step between forward and backward; a call must receive this input, not the
-            # generator seen while tracing, which the wrapper cannot pass yet
-            raise Unsupported(f"graph input {name} is a torch.Generator")
+        # anything else (DTensor's opaque objects; the torch.Generator inputs through which AOTAutograd's
+        # CUDA-graph-safe replay of a checkpointed random op keeps forward and backward in step) is
+        # passed on as the object the call receives, never the one seen while tracing
         self.graph_inputs[name] = val
         return val
 

@@ -225,7 +225,10 @@ def _acc_dtype(dtype):
 @lower(aten.sum.dim_IntList, aten.sum.default)
 def sum_(x, dims=None, keepdim=False, *, dtype=None):
     out = dtype or (x.dtype if x.dtype.is_floating_point else torch.int64)
-    acc = _acc_dtype(out)
+    # a uint8 sum wraps modulo 256 however wide its accumulator: accumulated as uint8 it is one buffer, not
+    # an int64 reduction and a cast that a second reader would read the int64 bytes through (the packed
+    # dropout masks' bits)
+    acc = out if out == torch.uint8 else _acc_dtype(out)
     r = reduce(x, dims, "sum", acc, src_dtype=acc, keepdim=keepdim)
     return r if acc == out else to_dtype(r, out)
 

@@ -92,6 +92,16 @@ def test_any_all(device, name, dims, keepdim):
     lowered(lambda *xs: tuple(fn(x, dims, keepdim) for x in xs), b, f, i, u)
 
 
+@pytest.mark.parametrize("length", [40, LOOPED])
+def test_a_uint8_sum_wraps_as_eager(device, length):
+    """A sum with dtype=uint8 wraps modulo 256 (accumulated as uint8), also when a second reader takes the
+    result, and over long (looped) rows."""
+    u = torch.randint(0, 256, (6, length), dtype=torch.uint8, device=device)
+    b = torch.randint(0, 2, (6, 8), dtype=torch.uint8, device=device)
+    lowered(lambda x, y: (torch.sum(x, 1, dtype=torch.uint8), (s := torch.sum(y, 1, dtype=torch.uint8)), s >> 1,
+                          torch.sum(x, 1)), u, b)
+
+
 SINGLE_DIM = {
     "prod": lambda x, d, k: torch.prod(x, d, keepdim=k),
     "max_dim": lambda x, d, k: torch.max(x, d, keepdim=k),

@@ -9,7 +9,7 @@ cache. ember merges them here and turns torch's pass off for its partition (grap
 
 Two nodes merge when they call the same op on the same arguments (the nodes among them merged first),
 between the same mutations, and the op is deterministic and functional. Kept apart, as torch keeps them:
-random ops and uninitialized allocations (`empty`), ops that mutate or have effects, nodes whose storage a
+random ops and uninitialized allocations (`empty`), nodes a pass marks `KEEP_APART`, ops that mutate or have effects, nodes whose storage a
 graph output returns (two equal outputs stay two tensors, as in eager), and nodes that produce symbolic
 sizes (their metadata names an unbacked symbol the merged node would not).
 """
@@ -22,6 +22,11 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 aten = torch.ops.aten
+
+# node.meta key: a node a joint pass wants computed on its own, not merged with its equal (the forward's
+# unpacking of a packed dropout mask: merged with the backward's, the partition would save the unpacked
+# bytes, since torch's partitioner does not recompute bitwise ops)
+KEEP_APART = "cse_keep_apart"
 
 # allocations whose contents are undefined: two are two buffers
 _UNINITIALIZED = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
@@ -60,6 +65,8 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
 
 
 def _mergeable(node: torch.fx.Node) -> bool:
+    if node.meta.get(KEEP_APART):
+        return False
     target = node.target
     if target is operator.getitem:
         return isinstance(node.meta.get("val"), torch.Tensor)

@@ -14,8 +14,8 @@ contiguous keep their bytes; `config.packed_dropout_masks` (EMBER_PACKED_DROPOUT
 
 A dropout inside a checkpointed region (torch.utils.checkpoint: its nodes carry a recompute policy) would be
 replayed in the backward: torch's partitioner then wraps it in run_and_save_rng_state / run_with_rng_state
-(on a GPU, generators passed as graph inputs, which ember does not take: the graph ran eagerly), which run
-as ATen calls, outside ember's kernels. Instead its mask is kept (as bits whatever its size, where its
+(on a GPU graphsafe_run_with_rng_state, with generators passed as graph inputs), which run as ATen calls,
+outside ember's kernels. Instead its mask is kept (as bits whatever its size, where its
 elements are a multiple of eight and contiguous; else as bools) and the region's output is
 `x * mask * scale` recomputed from the kept mask: the backward replays the region without drawing again,
 with the very mask the forward drew, as eager's checkpoint does by restoring the generator's state. The
@@ -32,6 +32,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ... import config
 from .common import call_op, depends_on_tangents, forward_nodes
+from .cse import KEEP_APART
 
 aten = torch.ops.aten
 
@@ -43,6 +44,15 @@ BITS = 8
 def _result(dropout: torch.fx.Node, i: int):
     """native_dropout's result i (0: the output, 1: the bool mask), if the graph reads it."""
     return next((u for u in dropout.users if u.target is operator.getitem and u.args[1] == i), None)
+
+
+def _mask_first(dropout: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """native_dropout's mask getitem, moved to right after the dropout: what is computed from the mask and
+    inserted after it then comes before every reader of the dropout's output."""
+    mask = _result(dropout, 1)
+    if mask is not None:
+        dropout.append(mask)
+    return mask
 
 
 def _packable(mask: torch.fx.Node, min_elements: Optional[int] = None) -> bool:
@@ -82,12 +92,36 @@ def _unpack(graph: torch.fx.Graph, packed: torch.fx.Node, shape) -> torch.fx.Nod
     return call_op(graph, aten.view.default, flag, list(shape))
 
 
+def _masked(graph: torch.fx.Graph, x: torch.fx.Node, flag: torch.fx.Node, p: float) -> torch.fx.Node:
+    """native_dropout's output from its mask: x * mask * 1/(1-p), in x's dtype."""
+    dtype = x.meta["val"].dtype
+    return call_op(graph, aten.mul.Tensor,
+                   call_op(graph, aten.mul.Tensor, x, call_op(graph, aten._to_copy.default, flag, dtype=dtype)),
+                   1.0 / (1.0 - p))
+
+
+def _keep_apart(first: torch.fx.Node, end: torch.fx.Node) -> None:
+    """The forward's unpacking (nodes first up to end) is not merged with the backward's equal nodes: merged,
+    it would be a forward value the backward reads, and the partition would save those unpacked bytes
+    (torch's partitioner does not recompute bitwise ops) instead of the packed ones."""
+    n = first
+    while n is not end:
+        n.meta[KEEP_APART] = True
+        n = n.next
+
+
+def _draws(dropout: torch.fx.Node) -> bool:
+    """A training dropout of a constant probability strictly between 0 and 1 (its output is x * mask * scale)."""
+    p = dropout.args[1]
+    return isinstance(p, float) and 0 < p < 1 and (len(dropout.args) < 3 or dropout.args[2] is not False)
+
+
 def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> None:
     """A checkpointed region's dropout: its mask kept (packed where it can be), its output recomputed from
     the kept mask, so the backward's replay of the region draws nothing."""
     x, p = dropout.args[0], dropout.args[1]
     out = _result(dropout, 0)
-    mask = _result(dropout, 1)
+    mask = _mask_first(dropout)
     if mask is None:
         with graph.inserting_before(dropout.next):
             mask = graph.call_function(operator.getitem, (dropout, 1))
@@ -100,10 +134,7 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
         # unpacked, a copy: the partitioner does not honour a policy on the getitem of a random op
         kept = _pack(graph, mask) if packable else call_op(graph, aten.clone.default, mask)
         flag = _unpack(graph, kept, mask.meta["val"].shape) if packable else kept
-        dtype = x.meta["val"].dtype
-        recomputed = call_op(graph, aten.mul.Tensor,
-                             call_op(graph, aten.mul.Tensor, x, call_op(graph, aten._to_copy.default, flag, dtype=dtype)),
-                             1.0 / (1.0 - p))
+        recomputed = _masked(graph, x, flag, p)
     n = kept.next
     while n is not after:               # the unpacking and the output: recomputed with the region
         n.meta.update(tags)
@@ -137,12 +168,13 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
     order = {n: i for i, n in enumerate(graph.nodes)}
     changed = _keep_checkpointed_draws(graph)
     for dropout in list(graph.find_nodes(op="call_function", target=aten.native_dropout.default)):
-        if _checkpointed(dropout) and isinstance(dropout.args[1], float) and 0 < dropout.args[1] < 1 \
-                and (len(dropout.args) < 3 or dropout.args[2] is not False):
+        if not _draws(dropout):
+            continue
+        if _checkpointed(dropout):
             _keep_checkpointed_mask(graph, dropout)
             changed = True
             continue
-        mask = _result(dropout, 1)
+        mask = _mask_first(dropout)
         if mask is None or not _packable(mask):
             continue
         if forward is None:
@@ -151,8 +183,18 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
         reading = [u for u in mask.users if u not in forward]
         if not reading:
             continue
-        with graph.inserting_before(mask.next):
+        after = mask.next
+        with graph.inserting_before(after):
             packed = _pack(graph, mask)
+        out = _result(dropout, 0)
+        if out is not None:
+            # the forward's output, too, from the packed bits: its kernel then reads a bit per element where
+            # it would draw the random number again (a Philox draw costs more than the read)
+            with graph.inserting_before(after):
+                masked = _masked(graph, dropout.args[0], _unpack(graph, packed, mask.meta["val"].shape),
+                                 dropout.args[1])
+            _keep_apart(packed.next, after)
+            out.replace_all_uses_with(masked)
         with graph.inserting_before(min(reading, key=order.__getitem__)):
             unpacked = _unpack(graph, packed, mask.meta["val"].shape)
         for user in reading:
