@@ -120,12 +120,12 @@ class Config:
         default_factory=lambda: int(os.environ.get("EMBER_COLLECTIVE_BUCKET_BYTES", 25 << 20)))
     # A misaligned 16-bit matrix product whose operand is a graph input of 256 MiB or more (a backward's
     # logits gradient) copies a chunk of it at a time into an aligned buffer instead of padding it whole
-    # (graph/passes/post_grad.py): a logits-sized buffer less at the backward's peak, for one more read and
-    # write of the input. Off: on an H200, GPT-2's step with its own loss peaked at 4.92 GiB instead of 5.29
-    # but took 0.6-0.8 ms longer (27.3 against 26.5-26.8 ms), and where the peak is elsewhere (a loss computed
-    # outside the graph) it costs the time alone (docs/performance.md).
+    # (graph/passes/post_grad.py); the two products of an LM head's backward share one loop over its column
+    # chunks. A logits-sized buffer less at the backward's peak: on an H200, GPT-2's step with its own loss
+    # peaked at 4.79 GiB instead of 5.17 in the same time (27.1 against 27.2-27.4 ms), and GPT-2's step with
+    # its loss outside the graph took 32.8 / 32.8 ms on against 33.0 / 32.5 off (docs/performance.md).
     chunked_input_pads: bool = dataclasses.field(
-        default_factory=lambda: _env_bool("EMBER_CHUNKED_INPUT_PADS", False))
+        default_factory=lambda: _env_bool("EMBER_CHUNKED_INPUT_PADS", True))
     # Reductions whose row fits in this many elements keep the whole row in registers (persistent).
     persistent_reduction_max: int = 16384
     # Keep compiled graphs on disk (runtime/graph_cache.py) and reuse them in later processes: a graph

@@ -564,17 +564,19 @@ def test_a_returned_padded_product_is_computed_in_row_chunks(device, monkeypatch
 @pytest.mark.parametrize("chunk_bytes", [1 << 10, 1 << 30])
 def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monkeypatch, chunk_bytes):
     """With config.chunked_input_pads, a graph input of PAD_INPUT_WHOLE_MAX_BYTES or more (here any) is
-    never padded whole: each product reading it copies a chunk at a time into an aligned buffer
-    (ember::chunk_padded_mm), so no padded copy sits beside it while the graph runs (GPT-2's logits
-    gradient). The backward of x @ w.t() (M = 203, K = 96, N = 1001) reads its incoming gradient, reshaped,
-    as is (M and K padded) and transposed (M and K padded again); the forward of a linear with its bias
-    reads a misaligned input (K = 1001). Many chunks or one; values and gradients match eager."""
+    never padded whole: its products copy a chunk at a time into an aligned buffer, so no padded copy sits
+    beside it while the graph runs (GPT-2's logits gradient). The backward of x @ w.t() (M = 203, K = 96,
+    N = 1001) reads its incoming gradient, reshaped, as is and transposed (rows and columns misaligned):
+    both products are one ember::chunk_padded_mm_pair, one loop over the gradient's column chunks. The
+    forward of a linear with its bias reads a misaligned input (K = 1001): ember::chunk_padded_mm. Many
+    chunks (the last one partial) or one; values and gradients match eager."""
     from ember.graph import custom_ops as ops
     from ember.graph.passes import post_grad
     _force_padding(monkeypatch, device)
     monkeypatch.setattr(post_grad, "PAD_INPUT_WHOLE_MAX_BYTES", 0)
     monkeypatch.setattr(ember.config, "chunked_input_pads", True)
     monkeypatch.setattr(ops, "PADDED_MM_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(ops, "PAIR_CHUNK_BYTES", chunk_bytes * 100)      # chunks of 64 columns, or one
     monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
     # a chunk's product sums its K terms in another order than the whole one (float32 on the CPU: 2.5e-5
     # on sums of 1001 unit-scale terms)
@@ -585,8 +587,9 @@ def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monke
     with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
         check(lambda x, w: (x.view(203, 96) @ w.t()).view(7, 29, 1001), x, w, grad=True, **tol)
     backward = graphs[1]
-    chunked = [n for n in backward.nodes if n.target is ops.chunk_padded_mm]
-    assert sorted(n.args[1] for n in chunked) == [False, True], list(backward.nodes)
+    align = 16 // x.element_size()                  # _force_padding aligns rows to 16 bytes
+    assert [n.args[3:] for n in backward.nodes if n.target is ops.chunk_padded_mm_pair] == [(-203 % align, -1001 % align)]
+    assert not any(n.target in (ops.chunk_padded_mm, aten.mm.default) for n in backward.nodes)
     assert not any(n.target is aten.constant_pad_nd.default and n.args[0].meta["val"].numel() == 203 * 1001
                    for n in backward.nodes)
 
@@ -596,6 +599,26 @@ def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monke
     with torch.no_grad(), ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
         check(lambda h, w, b: F.linear(h, w, b), h, w2, b2, **tol)
     assert [n.args[1] for n in graphs[0].nodes if n.target is ops.chunk_padded_mm] == [False]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [128, 1001])
+def test_a_chunk_padded_product_pair_is_both_padded_products(device, monkeypatch, dtype, cols):
+    """ember::chunk_padded_mm_pair(g, b, bt, pad_rows, pad_cols) against the two products of g padded
+    whole: chunks of 64 columns, the last one partial (1001) or made only of padding (128 + 4)."""
+    from ember.graph import custom_ops as ops
+    monkeypatch.setattr(ops, "PADDED_MM_MIN_ROWS", 16)
+    pad_rows, pad_cols = 1, 4
+    monkeypatch.setattr(ops, "PAIR_CHUNK_BYTES", (203 + pad_rows) * 64 * torch.tensor([], dtype=dtype).element_size())
+    g = torch.randn(203, cols, device=device, dtype=dtype)
+    b = torch.randn(cols + pad_cols, 96, device=device, dtype=dtype)
+    bt = torch.randn(203 + pad_rows, 80, device=device, dtype=dtype)
+    padded = F.pad(g.double(), [0, pad_cols, 0, pad_rows])
+    out, out_t = ops.chunk_padded_mm_pair(g, b, bt, pad_rows, pad_cols)
+    assert out.dtype == out_t.dtype == dtype
+    tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(out.double(), padded @ b.double(), rtol=tol, atol=tol * cols ** 0.5)
+    torch.testing.assert_close(out_t.double(), padded.t() @ bt.double(), rtol=tol, atol=tol * 203 ** 0.5)
 
 
 def test_an_inference_graph_returns_a_padded_product_with_its_padded_strides(device, monkeypatch):

@@ -9,6 +9,9 @@ implementation, so a fake-tensor run and an ATen fallback work as for any op, an
         a product on operands padded to the device's matmul alignment, computed a chunk of rows at a time
         where padding a whole operand or result would add a logits-sized buffer (graph/passes/post_grad.py,
         pad_matmuls).
+    ember::chunk_padded_mm_pair(g, b, bt, pad_rows, pad_cols) -> (pad(g) @ b, pad(g).t() @ bt)
+        both products that read one large misaligned input (a backward's logits gradient), in one loop over
+        its column chunks.
     ember::integer_resize(x, size, scale_factor, mode, align_corners, antialias) -> Tensor
         F.interpolate of an integer image by eager's own kernel, left opaque to AOTAutograd, whose trace
         would otherwise replace it by a float decomposition (graph/passes/integer_resize.py).
@@ -127,6 +130,70 @@ def _chunk_padded_mm_fake(a, a_transposed, b, bias, pad_m, pad_k):
 
 
 chunk_padded_mm = torch.ops.ember.chunk_padded_mm.default
+
+
+_lib.define("chunk_padded_mm_pair(Tensor g, Tensor b, Tensor bt, int pad_rows, int pad_cols) -> (Tensor, Tensor)")
+# Columns of g per chunk of ember::chunk_padded_mm_pair: its input-side product adds each chunk's partial
+# product into a float32 accumulator, so fewer, wider chunks read and write that accumulator fewer times
+PAIR_CHUNK_BYTES = 128 << 20
+
+
+def pair_chunk_width(rows: int, cols: int, itemsize: int) -> int:
+    """Columns per chunk of ember::chunk_padded_mm_pair over a padded [rows, cols] input."""
+    return min(cols, max(PADDED_MM_MIN_ROWS, PAIR_CHUNK_BYTES // max(1, rows * itemsize) // 64 * 64))
+
+
+def _add_product(acc: torch.Tensor, x: torch.Tensor, b: torch.Tensor, first: bool) -> None:
+    """acc (float32) = x @ b, or += x @ b, the product's sum kept in float32."""
+    if x.dtype == acc.dtype:
+        torch.mm(x, b, out=acc) if first else acc.addmm_(x, b)
+    elif acc.is_cuda:
+        # cuBLAS writes the 16-bit product's float32 sum (torch's mm / addmm with out_dtype: CUDA only)
+        if first:
+            torch.mm(x, b, out_dtype=acc.dtype, out=acc)
+        else:
+            torch.addmm(acc, x, b, out_dtype=acc.dtype, out=acc)
+    elif first:
+        acc.copy_(torch.mm(x, b))
+    else:
+        acc.add_(torch.mm(x, b))
+
+
+def _chunk_padded_mm_pair(g: torch.Tensor, b: torch.Tensor, bt: torch.Tensor, pad_rows: int, pad_cols: int):
+    """(G @ b, G.t() @ bt) for G = g [R, C] padded by pad_rows rows and pad_cols columns of zeros, b
+    [C + pad_cols, N1], bt [R + pad_rows, N2]: the two products of a backward that read its incoming
+    gradient as is and transposed (an LM head's input and weight gradients from the logits gradient), in
+    one loop over column chunks of g, each copied once into an aligned buffer. The transposed product's
+    rows of a chunk are complete; the other product sums the chunks' partial products in float32."""
+    from ..runtime.row_copy import copy_rows
+    R, C = g.shape
+    rows, cols = R + pad_rows, C + pad_cols
+    width = pair_chunk_width(rows, cols, g.element_size())
+    acc = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=g.device)
+    out_t = g.new_empty((cols, bt.shape[1]))
+    buf = g.new_zeros((rows, width))            # rows past R stay zero
+    for c0 in range(0, cols, width):
+        w = min(width, cols - c0)
+        real = max(0, min(w, C - c0))
+        if real:
+            copy_rows(buf[:R, :real], g[:, c0:c0 + real])
+        if real < w:
+            buf[:R, real:w].zero_()
+        chunk = buf[:, :w]
+        torch.mm(chunk.t(), bt, out=out_t[c0:c0 + w])
+        _add_product(acc, chunk, b[c0:c0 + w], first=c0 == 0)
+    return acc.to(g.dtype), out_t
+
+
+_lib.impl("chunk_padded_mm_pair", _chunk_padded_mm_pair, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ember::chunk_padded_mm_pair")
+def _chunk_padded_mm_pair_fake(g, b, bt, pad_rows, pad_cols):
+    return g.new_empty((g.shape[0] + pad_rows, b.shape[1])), g.new_empty((g.shape[1] + pad_cols, bt.shape[1]))
+
+
+chunk_padded_mm_pair = torch.ops.ember.chunk_padded_mm_pair.default
 
 
 _lib.define("integer_resize(Tensor x, int[]? size, float[]? scale_factor, str mode, bool? align_corners, "

@@ -30,7 +30,7 @@ CATEGORIES = (GEMM, ATTENTION, MEMORY, OTHER_EXTERN, OUTSIDE, HOST)
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_int_mm", "_scaled_mm", "addmv", "mv", "dot", "vdot", "matmul",
              "convolution", "_convolution", "convolution_backward", "cudnn_convolution",
              "cudnn_convolution_transpose", "mkldnn_convolution", "_slow_conv2d_forward", "padded_mm",
-             "chunk_padded_mm"}
+             "chunk_padded_mm", "chunk_padded_mm_pair"}
 
 
 # ember's padded products (graph/custom_ops.py) -> the position of b in (a, ..., b, ...): a (either way round)
@@ -257,7 +257,7 @@ def _meta(a):
 
 def extern_flops(extern: Optional[ExternKernel]) -> int:
     """FLOPs of an extern call by torch.utils.flop_counter's formula for its op (0 for ops it has none for,
-    which are not arithmetic-bound); ember::padded_mm and chunk_padded_mm count as the products they compute."""
+    which are not arithmetic-bound); ember::padded_mm, chunk_padded_mm and chunk_padded_mm_pair count as the products they compute."""
     if extern is None:
         return 0
     from torch.utils.flop_counter import flop_registry
@@ -265,6 +265,9 @@ def extern_flops(extern: Optional[ExternKernel]) -> int:
     try:
         args = [_meta(a) for a in extern.args]
         kwargs = {k: _meta(v) for k, v in extern.kwargs.items()}
+        if _packet_name(extern.op) == "chunk_padded_mm_pair":       # (g, b, bt): g @ b and g.t() @ bt
+            g, b, bt = args[:3]
+            return 2 * int(g.shape[0]) * int(g.shape[1]) * (int(b.shape[1]) + int(bt.shape[1]))
         if _packet_name(extern.op) in _PADDED_PRODUCT_B:
             a, b = args[0], args[_PADDED_PRODUCT_B[_packet_name(extern.op)]]
             return 2 * int(a.shape[0]) * int(a.shape[1]) * int(b.shape[1])

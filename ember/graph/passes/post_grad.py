@@ -14,7 +14,7 @@ import torch.fx
 
 from ... import config
 from ...device import backend_for
-from ..custom_ops import chunk_padded_mm, padded_mm, softmax_stats
+from ..custom_ops import chunk_padded_mm, chunk_padded_mm_pair, padded_mm, pair_chunk_width, softmax_stats
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
@@ -287,16 +287,19 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> None:
     both gradient matmuls and the bias gradient). An input (a weight) is padded right before the matmul.
     With config.chunked_input_pads, an input of the graph of PAD_INPUT_WHOLE_MAX_BYTES or more (a
     backward's logits gradient) is padded a chunk at a time inside its product (`ember::chunk_padded_mm`):
-    the input itself stays alive while the graph runs, so a whole padded copy sits beside it.
+    the input itself stays alive while the graph runs, so a whole padded copy sits beside it. Where it feeds
+    two products, as is and transposed (an LM head's input and weight gradients), both are one
+    `ember::chunk_padded_mm_pair`, which copies each column chunk once for both.
     A result padded along N that a forward graph returns must come out dense (the backward reads saved
     outputs by eager's strides): `ember::padded_mm` computes it in row chunks, so no whole padded product
     sits beside the dense copy. An inference graph returns the padded product's view as it is, with the
     padded row stride, as inductor does: no copy, no chunks (row chunks run back to back and cost more
     than the whole product: docs/performance.md; `python -m scripts.profile_model gpt2 infer --view host`)."""
     padder = _MatmulPadder(gm.graph, inference=gm.meta.get(GRAPH_KIND) == "inference")
-    for n in list(gm.graph.nodes):
-        sizes = _misaligned_matmul(n)
-        if sizes is not None:
+    found = [(n, s) for n in list(gm.graph.nodes) if (s := _misaligned_matmul(n)) is not None]
+    paired = padder.rewrite_pairs(found) if config.chunked_input_pads else set()
+    for n, sizes in found:
+        if n not in paired:
             padder.rewrite(n, sizes)
 
 
@@ -365,6 +368,50 @@ class _MatmulPadder:
                 view.meta["val"] = val
         node.replace_all_uses_with(out)
         self.graph.erase_node(node)
+
+    def rewrite_pairs(self, found: list) -> set:
+        """With config.chunked_input_pads: where one large input G (see `_large_input`) is read by exactly
+        two misaligned products, as G @ b and as G.t() @ bt (a backward's logits gradient: the input and
+        the weight gradient of an LM head), both become one ember::chunk_padded_mm_pair, which copies each
+        column chunk of G into its aligned buffer once for both. Returns the matmuls rewritten."""
+        by_input: dict = {}
+        for n, s in found:
+            large = _large_input(n.args[0]) if n.target is aten.mm.default and not s.pad_n else None
+            if large is not None:
+                by_input.setdefault(large[0], []).append((n, s, large[1]))
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        done = set()
+        for g, uses in by_input.items():
+            if sorted(transposed for _, _, transposed in uses) != [False, True]:
+                continue
+            (plain, ps, _), (trans, ts, _) = sorted(uses, key=lambda u: u[2])
+            first = min(plain, trans, key=order.__getitem__)
+            b, bt = plain.args[1], trans.args[1]
+            if (ps.pad_m, ps.pad_k) != (ts.pad_k, ts.pad_m) or \
+                    any(order.get(x, -1) > order[first] for x in (b, bt)):
+                continue
+            b2, bt2 = self.pad(b, ps.pad_k, 0, first), self.pad(bt, ts.pad_k, 0, first)
+            with self.graph.inserting_before(first):
+                pair = call_op(self.graph, chunk_padded_mm_pair, g, b2, bt2, ps.pad_m, ps.pad_k)
+                for i, (node, s) in enumerate(((plain, ps), (trans, ts))):
+                    got = self.graph.call_function(operator.getitem, (pair, i))
+                    got.meta["val"] = pair.meta["val"][i]
+                    out = _slice_back(self.graph, got, (s.m, s.n), s.pad_m, 0)
+                    out.meta["val"] = node.meta["val"]
+                    node.replace_all_uses_with(out)
+                    self.graph.erase_node(node)
+                    done.add(node)
+            self._copies_ahead(g.meta["val"], ps.pad_m, ps.pad_k)
+        return done
+
+    @staticmethod
+    def _copies_ahead(g, pad_rows: int, pad_cols: int) -> None:
+        """Have the backend build the row copies ember::chunk_padded_mm_pair will launch for g."""
+        (rows, cols), backend = g.shape, backend_for(g.device)
+        width = pair_chunk_width(rows + pad_rows, cols + pad_cols, g.element_size())
+        for n in {min(width, cols), cols % width}:
+            if n:
+                backend.runtime_row_copy_ahead(g.dtype, n, g.stride(0), width)
 
     def _product(self, node, a2, b2, bias2, s: _MatmulSizes) -> tuple:
         """(node's result from the padded operands, {view of it: its traced value} or None). Sliced back
