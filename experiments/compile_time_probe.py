@@ -1,8 +1,8 @@
-"""ember's own cold-compile time on HF BERT-base and GPT-2 (or ResNet-50) training steps, per stage (runs on the CPU):
+"""ember's own cold-compile time on HF BERT-base, GPT-2 and Llama (or ResNet-50) training steps, per stage (runs on the CPU):
     python -m experiments.compile_time_probe [--models bert,gpt2] [--backend triton|cpp] [--repeat N]
         [--clock cpu|wall] [--profile N] [--dump DIR] [--json NEW.json] [--before OLD.json]
 
-Each model (random weights, input randint(0, 30000, (2, 128)); ResNet-50: randn(4, 3, 224, 224)) is compiled with
+Each model (random weights, input randint(0, 30000, (2, 128)); llama: the anchor's llama_small; ResNet-50: randn(4, 3, 224, 224)) is compiled with
 `torch.compile(model, backend="ember")` and run for one training step (forward, then
 `.float().pow(2).mean().backward()`), in a fresh EMBER_CACHE_DIR so that no graph, kernel or tuning choice
 is warm. For each graph ember compiles (forward, backward) the probe prints the stages of
@@ -84,13 +84,17 @@ def _build(model_name: str):
     torch.manual_seed(0)
     if model_name == "resnet50":
         return _resnet50().train(), torch.randn(4, 3, 224, 224)
-    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     if model_name == "bert":
         model = BertModel(BertConfig())
     elif model_name == "gpt2":
         model = GPT2LMHeadModel(GPT2Config())
+    elif model_name == "llama":          # the anchor's llama_small
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                             num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                                             max_position_embeddings=2048))
     else:
-        raise SystemExit(f"unknown model {model_name!r} (bert, gpt2, resnet50)")
+        raise SystemExit(f"unknown model {model_name!r} (bert, gpt2, llama, resnet50)")
     return model.train(), torch.randint(0, 30000, (2, 128))
 
 
