@@ -581,6 +581,15 @@ def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monke
     # a chunk's product sums its K terms in another order than the whole one (float32 on the CPU: 2.5e-5
     # on sums of 1001 unit-scale terms)
     tol = _padding_tolerance(device) or {"rtol": 1e-4, "atol": 1e-4}
+    # every row copy the chunked products launch was asked for ahead, while the graph compiled
+    from ember.runtime import row_copy
+    asked, launched, copy_rows = set(), set(), row_copy.copy_rows
+    monkeypatch.setattr(backend_for(device), "runtime_row_copy_ahead", lambda *a: asked.add(a))
+
+    def recorded_copy(dst, src):
+        launched.add((dst.dtype, dst.shape[1], src.stride(0), dst.stride(0)))
+        copy_rows(dst, src)
+    monkeypatch.setattr(row_copy, "copy_rows", recorded_copy)
     graphs = []
     # [7, 29, 96] tokens: the backward reads its [7, 29, 1001] gradient through a reshape
     x, w = torch.randn(7, 29, 96, device=device), torch.randn(1001, 96, device=device)
@@ -599,6 +608,7 @@ def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monke
     with torch.no_grad(), ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
         check(lambda h, w, b: F.linear(h, w, b), h, w2, b2, **tol)
     assert [n.args[1] for n in graphs[0].nodes if n.target is ops.chunk_padded_mm] == [False]
+    assert launched and launched <= asked, (launched, asked)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -103,8 +103,9 @@ def _chunk_padded_mm(a: torch.Tensor, a_transposed: bool, b: torch.Tensor, bias,
         buf = a.new_zeros((K + pad_k, width))
         for c0 in range(0, M + pad_m, width):
             w = min(width, M + pad_m - c0)
-            real = min(w, M - c0)
-            copy_rows(buf[:K, :real], a[:, c0:c0 + real])
+            real = max(0, min(w, M - c0))
+            if real:
+                copy_rows(buf[:K, :real], a[:, c0:c0 + real])
             if real < w:
                 buf[:K, real:w].zero_()
             _mm_into(out[c0:c0 + w], buf[:, :w].t(), b, bias)
@@ -121,6 +122,17 @@ def _chunk_padded_mm(a: torch.Tensor, a_transposed: bool, b: torch.Tensor, bias,
 
 
 _lib.impl("chunk_padded_mm", _chunk_padded_mm, "CompositeExplicitAutograd")
+
+
+def chunk_padded_mm_copies(a: torch.Tensor, a_transposed: bool, pad_m: int, pad_k: int) -> set:
+    """The row copies (columns, source row stride, destination row stride) chunk_padded_mm launches for a
+    (a fake will do), so that a compiling graph can have them built ahead (runtime/row_copy.py)."""
+    if a_transposed:
+        K, M = a.shape
+        width = padded_mm_rows(M + pad_m, K + pad_k, a.element_size())
+        return {(n, a.stride(0), width) for n in (min(width, M), M % width) if n}
+    M, K = a.shape
+    return {(K, a.stride(0), K + pad_k)}
 
 
 @torch.library.register_fake("ember::chunk_padded_mm")
@@ -141,6 +153,13 @@ PAIR_CHUNK_BYTES = 128 << 20
 def pair_chunk_width(rows: int, cols: int, itemsize: int) -> int:
     """Columns per chunk of ember::chunk_padded_mm_pair over a padded [rows, cols] input."""
     return min(cols, max(PADDED_MM_MIN_ROWS, PAIR_CHUNK_BYTES // max(1, rows * itemsize) // 64 * 64))
+
+
+def chunk_padded_mm_pair_copies(g: torch.Tensor, pad_rows: int, pad_cols: int) -> set:
+    """The row copies (columns, source row stride, destination row stride) chunk_padded_mm_pair launches."""
+    (R, C) = g.shape
+    width = pair_chunk_width(R + pad_rows, C + pad_cols, g.element_size())
+    return {(n, g.stride(0), width) for n in (min(width, C), C % width) if n}
 
 
 def _add_product(acc: torch.Tensor, x: torch.Tensor, b: torch.Tensor, first: bool) -> None:

@@ -14,7 +14,8 @@ import torch.fx
 
 from ... import config
 from ...device import backend_for
-from ..custom_ops import chunk_padded_mm, chunk_padded_mm_pair, padded_mm, pair_chunk_width, softmax_stats
+from ..custom_ops import (chunk_padded_mm, chunk_padded_mm_copies, chunk_padded_mm_pair, chunk_padded_mm_pair_copies,
+                          padded_mm, softmax_stats)
 from ..pattern import Pattern, fill_fake_values
 from .attention import fuse_attention_inference
 from .bucket_collectives import bucket_collectives
@@ -355,6 +356,8 @@ class _MatmulPadder:
                 if bias is not None and s.pad_n else bias
             if large:
                 out = call_op(self.graph, chunk_padded_mm, *large, b2, bias2, s.pad_m, s.pad_k)
+                val = large[0].meta["val"]
+                _copies_ahead(val, chunk_padded_mm_copies(val, large[1], s.pad_m, s.pad_k))
                 out, restrided = _slice_back(self.graph, out, (s.m, s.n), s.pad_m, 0), None
             else:
                 out, restrided = self._product(node, a2, b2, bias2, s)
@@ -401,17 +404,8 @@ class _MatmulPadder:
                     node.replace_all_uses_with(out)
                     self.graph.erase_node(node)
                     done.add(node)
-            self._copies_ahead(g.meta["val"], ps.pad_m, ps.pad_k)
+            _copies_ahead(g.meta["val"], chunk_padded_mm_pair_copies(g.meta["val"], ps.pad_m, ps.pad_k))
         return done
-
-    @staticmethod
-    def _copies_ahead(g, pad_rows: int, pad_cols: int) -> None:
-        """Have the backend build the row copies ember::chunk_padded_mm_pair will launch for g."""
-        (rows, cols), backend = g.shape, backend_for(g.device)
-        width = pair_chunk_width(rows + pad_rows, cols + pad_cols, g.element_size())
-        for n in {min(width, cols), cols % width}:
-            if n:
-                backend.runtime_row_copy_ahead(g.dtype, n, g.stride(0), width)
 
     def _product(self, node, a2, b2, bias2, s: _MatmulSizes) -> tuple:
         """(node's result from the padded operands, {view of it: its traced value} or None). Sliced back
@@ -482,6 +476,13 @@ def _large_input(x):
     if root.op != "placeholder" or v is None or v.numel() * v.element_size() < PAD_INPUT_WHOLE_MAX_BYTES:
         return None
     return m, transposed
+
+
+def _copies_ahead(val, copies: set) -> None:
+    """Have the backend build ahead the row copies a chunked product will launch on `val`'s device."""
+    backend = backend_for(val.device)
+    for n, src_stride, dst_stride in copies:
+        backend.runtime_row_copy_ahead(val.dtype, n, src_stride, dst_stride)
 
 
 def _views_restrided(node, val):
