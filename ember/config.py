@@ -154,8 +154,9 @@ class Config:
     recompute_product_operands: bool = dataclasses.field(
         default_factory=lambda: _env_bool("EMBER_RECOMPUTE_PRODUCT_OPERANDS", True))
     save_weight_casts: bool = dataclasses.field(default_factory=lambda: _env_bool("EMBER_SAVE_WEIGHT_CASTS", True))
-    # A training graph keeps each dropout mask for its backward as bits, eight elements to a byte, instead of a
-    # bool byte per element (graph/passes/packed_masks.py).
+    # A training graph draws each dropout mask its backward reads as bits, eight elements to a byte (two
+    # Philox draws per byte), and keeps those for the backward instead of a bool byte per element
+    # (graph/passes/packed_masks.py).
     packed_dropout_masks: bool = dataclasses.field(
         default_factory=lambda: _env_bool("EMBER_PACKED_DROPOUT_MASKS", True))
     # SDPA forwards with few query rows per key/value head (a decoding step) run as the backend's own kernels

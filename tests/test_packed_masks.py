@@ -1,6 +1,6 @@
-"""Dropout masks kept for the backward as bits (graph/passes/packed_masks.py): the forward saves one uint8
-per eight mask elements instead of a bool per element, and the backward's gradient is still the forward's
-mask times the scale. ember's random values are not eager's, so the checks read the mask off the output."""
+"""Dropout masks kept for the backward as bits (graph/passes/packed_masks.py): the forward draws the keep
+flags as one uint8 per eight elements (ember::dropout_bits), computes its output from them and saves them
+instead of a bool per element, and the backward's gradient is still the forward's mask times the scale. ember's random values are not eager's, so the checks read the mask off the output."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,9 @@ def test_the_backward_reads_the_forward_mask_from_its_bits(device, small_masks_p
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
     w = torch.randn(shape, device=device, dtype=dtype)
     fn = fresh_compile(lambda a, b: F.dropout(a.sin(), p, True) * b)
-    y, saved = _saved(fn, x, w)
+    graphs = []
+    with ember.config.patch(post_grad_passes=[lambda gm: graphs.append(gm.graph)]):
+        y, saved = _saved(fn, x, w)
     g = torch.randn_like(y)
     y.backward(g)
     kept = y != 0
@@ -45,6 +47,10 @@ def test_the_backward_reads_the_forward_mask_from_its_bits(device, small_masks_p
     numel = x.numel()
     assert (torch.uint8, numel // 8) in saved and (torch.bool, numel) not in saved
     assert not ember.metrics.fallbacks and ember.metrics.eager_fallbacks == 0
+    # the forward draws the bits once (ember::dropout_bits), and the dropout's own draw is gone
+    targets = [n.target for n in graphs[0].nodes]
+    assert targets.count(torch.ops.ember.dropout_bits.default) == 1
+    assert torch.ops.aten.native_dropout.default not in targets
 
 
 def test_masks_of_an_odd_size_keep_their_bytes(device, small_masks_packed):

@@ -12,6 +12,10 @@ implementation, so a fake-tensor run and an ATen fallback work as for any op, an
     ember::chunk_padded_mm_pair(g, b, bt, pad_rows, pad_cols) -> (pad(g) @ b, pad(g).t() @ bt)
         both products that read one large misaligned input (a backward's logits gradient), in one loop over
         its column chunks.
+    ember::dropout_bits(bytes, p, device) -> uint8 [bytes]
+        the keep flags of a dropout of bytes * 8 elements and probability p, eight to a byte (bit j of byte i:
+        element 8i + j kept); a random op (graph/passes/packed_masks.py), lowered in lowering/random.py
+        from two Philox draws per byte.
     ember::integer_resize(x, size, scale_factor, mode, align_corners, antialias) -> Tensor
         F.interpolate of an integer image by eager's own kernel, left opaque to AOTAutograd, whose trace
         would otherwise replace it by a float decomposition (graph/passes/integer_resize.py).
@@ -213,6 +217,26 @@ def _chunk_padded_mm_pair_fake(g, b, bt, pad_rows, pad_cols):
 
 
 chunk_padded_mm_pair = torch.ops.ember.chunk_padded_mm_pair.default
+
+
+_lib.define("dropout_bits(SymInt bytes, float p, Device device) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+
+
+def _dropout_bits(bytes: int, p: float, device):
+    keep = torch.rand(bytes * 8, device=device) >= p
+    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    return (keep.view(-1, 8).to(torch.uint8) << shifts).sum(1, dtype=torch.uint8)
+
+
+_lib.impl("dropout_bits", _dropout_bits, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ember::dropout_bits")
+def _dropout_bits_fake(bytes, p, device):
+    return torch.empty((bytes,), dtype=torch.uint8, device=device)
+
+
+dropout_bits = torch.ops.ember.dropout_bits.default
 
 
 _lib.define("integer_resize(Tensor x, int[]? size, float[]? scale_factor, str mode, bool? align_corners, "

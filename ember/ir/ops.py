@@ -15,9 +15,12 @@ Constants:  constant(value, dtype)
 Casts:      to_dtype(x, dtype, src_dtype)
 Control:    where(cond, a, b)
 Random:     rand(seed, offset) -> float32 in [0, 1) · randn(seed, offset) -> float32 N(0, 1) ·
-            randint64(seed, offset, low, high) -> int64 in [low, high): pure functions of an int64
-            seed and an integer offset (Philox4x32-10, Triton's tl.rand convention), so recomputing
-            an element anywhere gives the same number
+            randint64(seed, offset, low, high) -> int64 in [low, high) · keep_bits8(seed, offset, p)
+            -> uint8 whose bit j is 1 where the j-th of eight uniforms is >= p (the four words of the
+            Philox draws at 2 * offset and 2 * offset + 1: eight dropout keep flags for two draws, where
+            rand takes one per flag): pure functions of an int64 seed and an integer offset
+            (Philox4x32-10, Triton's tl.rand convention), so recomputing an element anywhere gives the
+            same number
 Reduction:  reduction(dtype, src_dtype, reduction_type, value) -> value (a tuple: TUPLE_REDUCTIONS)
 Scan:       scan(dtype, combine, value) -> value combined with every earlier step along the kernel's
             r axis (a scan's steps), combine one of SCAN_COMBINES; dtype is the result's
@@ -41,7 +44,7 @@ BINARY = (
     "bitwise_left_shift bitwise_right_shift"
 ).split()
 MEMORY = "load store store_reduction index_expr indirect_indexing constant to_dtype where reduction scan".split()
-RANDOM = "rand randn randint64".split()
+RANDOM = "rand randn randint64 keep_bits8".split()
 OP_NAMES = tuple(UNARY + BINARY + MEMORY + RANDOM)
 
 STORE_MODES = (None, "atomic_add")

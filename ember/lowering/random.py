@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from .. import state
+from ..graph.custom_ops import dropout_bits
 from ..ir.nodes import ExternKernel, Layout, TensorBox
 from ..ir.ops import ops
 from ..ir.symbolic import contiguous_strides, is_static, product, sympify
@@ -70,8 +71,8 @@ def random_stream(size, device, draw):
     reserved by a lowering that then falls back is harmless, but wasted)."""
     size = [sympify(s) for s in size]
     numel = product(size)
-    # int32 offsets where they fit: Philox reads an offset's high word as 0 either way, so both give
-    # the same numbers, and 32-bit index math is cheaper on GPUs
+    # int32 offsets where they fit: 32-bit index math is cheaper on GPUs, and Triton's Philox takes an
+    # int64 counter as its 64-bit variant (other numbers than the C++ backend's, and slower)
     offset_dtype = torch.int32 if is_static(numel) and int(numel) < 2 ** 31 else torch.int64
     strides = contiguous_strides(size)
     seeds = _seeds(canonical_device(device))
@@ -223,6 +224,19 @@ def native_dropout(x, p, train):
         scale = ops.where(keep(idx), ops.constant(1.0 / (1.0 - p), dtype), ops.constant(0.0, dtype))
         return ops.mul(load(idx), scale)
     return TensorBox.pointwise(x.device, dtype, out, size), TensorBox.pointwise(x.device, torch.bool, keep, size)
+
+
+@lower(dropout_bits)
+def dropout_keep_bits(nbytes, p, device):
+    """ember::dropout_bits: byte i holds the keep flags of elements 8i .. 8i + 7, from the two Philox draws
+    ops.keep_bits8 makes per byte (a quarter of what one rand per element costs)."""
+    if not (is_static(nbytes) and int(nbytes) < 2 ** 30):
+        raise Unsupported("dropout bits of 2**33 elements or more")       # their offsets need int64
+    bits = _box([nbytes], canonical_device(device), torch.uint8,
+                lambda seed, offset: ops.keep_bits8(seed, offset, float(p)))
+    # stored, and read by its readers: inlined, each element would make its byte's two draws again
+    bits.realize()
+    return bits
 
 
 # --- randint --------------------------------------------------------------------------------------------

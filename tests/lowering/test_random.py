@@ -235,6 +235,26 @@ def test_inference_graph_dropout(device):
     assert_fraction(out != 0, 0.5)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_bits_are_independent_keep_flags(device, p):
+    """ember::dropout_bits (a dropout's keep flags eight to a byte, two Philox draws per byte): each bit
+    position is kept with probability 1 - p, adjacent elements (within a byte, across bytes and across the
+    two draws of a byte) are independent, calls differ and manual_seed repeats them."""
+    fn = fresh_compile(lambda d: torch.ops.ember.dropout_bits(N, p, d))
+    torch.manual_seed(3)
+    packed = fn(torch.device(device))
+    assert not ember.metrics.fallbacks and packed.dtype == torch.uint8 and packed.shape == (N,)
+    bits = ((packed.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=device)) & 1).bool().flatten()
+    q = 1 - p
+    for j in range(8):
+        assert_fraction(bits[j::8], q)
+    for lag in (1, 3, 4, 8):                    # neighbours, the two draws of a byte, the next byte
+        assert_fraction(bits[:-lag] & bits[lag:], q * q)
+    torch.manual_seed(3)
+    assert torch.equal(fn(torch.device(device)), packed)
+    assert not torch.equal(fn(torch.device(device)), packed)
+
+
 # --- the two CPU backends draw the same numbers ---------------------------------------------------------------
 
 def test_cpp_and_triton_backends_agree(device):
@@ -244,7 +264,8 @@ def test_cpp_and_triton_backends_agree(device):
 
     def fn(a):
         out, mask = torch.ops.aten.native_dropout(a, 0.3, True)
-        return (out, mask, torch.rand(3, 50, dtype=torch.float16), torch.randint(-5, 1000, (33,)),
+        return (out, mask, torch.ops.ember.dropout_bits(300, 0.3, a.device),
+                torch.rand(3, 50, dtype=torch.float16), torch.randint(-5, 1000, (33,)),
                 torch.bernoulli(a, 0.4), torch.randint(3, 2 ** 40, (5,)), torch.randn(7, 9), a.sum() + torch.rand(()))
 
     results = {}

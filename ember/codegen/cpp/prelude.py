@@ -419,7 +419,7 @@ template <int N, typename T> static inline void softmax_stats_lanes(const T* m, 
 // high, 0, 0), key (seed low, seed high). Matching it bit for bit makes the C++ and Triton backends
 // draw the same numbers for the same seed; an element's value depends only on (seed, offset), never on
 // which thread or kernel computes it.
-static inline void philox(int64_t seed, int64_t offset, uint32_t& r0, uint32_t& r1) {
+static inline void philox4(int64_t seed, int64_t offset, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   uint32_t c0 = (uint32_t)(uint64_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
   uint32_t k0 = (uint32_t)(uint64_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
 #pragma GCC unroll 10
@@ -434,6 +434,12 @@ static inline void philox(int64_t seed, int64_t offset, uint32_t& r0, uint32_t& 
   }
   r0 = c0;
   r1 = c1;
+  r2 = c2;
+  r3 = c3;
+}
+static inline void philox(int64_t seed, int64_t offset, uint32_t& r0, uint32_t& r1) {
+  uint32_t r2, r3;
+  philox4(seed, offset, r0, r1, r2, r3);
 }
 // Triton's uint_to_uniform_float: fold the sign away, scale so that the largest int32 stays below 1
 static inline float uniform_from_bits(uint32_t bits) {
@@ -460,6 +466,17 @@ static inline int64_t philox_randint64(int64_t seed, int64_t offset, int64_t low
   philox(seed, offset, r0, r1);
   const uint64_t r = (uint64_t)r0 | ((uint64_t)r1 << 32);
   return (int64_t)((uint64_t)low + r % (uint64_t)(high - low));
+}
+
+// eight dropout keep flags (uniform >= p) from the four words of the draws at 2 * offset and 2 * offset + 1
+// (as helpers.keep_bits8 in Triton)
+static inline uint8_t philox_keep_bits8(int64_t seed, int64_t offset, float p) {
+  uint32_t w[8];
+  philox4(seed, 2 * offset, w[0], w[1], w[2], w[3]);
+  philox4(seed, 2 * offset + 1, w[4], w[5], w[6], w[7]);
+  uint8_t bits = 0;
+  for (int j = 0; j < 8; ++j) bits |= (uint8_t)((uniform_from_bits(w[j]) >= p) << j);
+  return bits;
 }
 
 }  // namespace ember

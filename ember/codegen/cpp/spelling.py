@@ -161,6 +161,10 @@ class CppSpelling(OpSpelling):
         return self._op("randint64", f"ember::philox_randint64({seed}, {offset}, {low}, {high})",
                         seed, offset, low, high, dtype=torch.int64)
 
+    def keep_bits8(self, seed, offset, p):
+        return self._op("keep_bits8", f"ember::philox_keep_bits8({seed}, {offset}, static_cast<float>({float(p)!r}))", seed, offset,
+                        dtype=torch.uint8)
+
     def _call(self, name, fn: str, a, b, template=False):
         """`fn(a, b)` with both operands as the result's type (`fn<T>(...)` with `template`)."""
         t = ctype(op_dtype(name, a, b))

@@ -94,7 +94,7 @@ class SubgraphRenderer(TritonSpelling):
         return self._value(expr, compute_dtype(dtype), kind, (), False)
 
     def __getattr__(self, name):
-        if name in ("store", "store_reduction", "reduction", "scan", "rand", "randn", "randint64"):
+        if name in ("store", "store_reduction", "reduction", "scan", "rand", "randn", "randint64", "keep_bits8"):
             raise Unsupported(f"flex subgraph uses {name}")
         return super().__getattr__(name)
 

@@ -143,6 +143,26 @@ def remainder_float(a, b, r):
 
 
 @triton.jit
+def _keep_bits4(seed, offset, p, shift: tl.constexpr):
+    # the four words of one Philox draw as four keep flags (uniform >= p), at bits shift .. shift + 3
+    w0, w1, w2, w3 = tl.randint4x(seed, offset)
+    b = (tl.uint_to_uniform_float(w0) >= p).to(tl.uint8)
+    b = b | ((tl.uint_to_uniform_float(w1) >= p).to(tl.uint8) << 1)
+    b = b | ((tl.uint_to_uniform_float(w2) >= p).to(tl.uint8) << 2)
+    b = b | ((tl.uint_to_uniform_float(w3) >= p).to(tl.uint8) << 3)
+    return b << shift
+
+
+@triton.jit
+def keep_bits8(seed, offset, p):
+    # eight dropout keep flags from two Philox draws (as ember::philox_keep_bits8 in C++). offset is int32
+    # and below 2**30 (lowering/random.py): an int64 counter would switch Triton to its 64-bit Philox, other
+    # numbers than C++'s and slower
+    o = offset * 2
+    return _keep_bits4(seed, o, p, 0) | _keep_bits4(seed, o + 1, p, 4)
+
+
+@triton.jit
 def randint64(seed, offset, low, high):
     # two Philox words as one uint64, reduced into [low, high) (as ember::philox_randint64 in C++)
     r0, r1, _, _ = tl.randint4x(seed, offset)

@@ -134,6 +134,10 @@ class TritonSpelling(OpSpelling):
         return self._op("randint64", f"helpers.randint64({seed}, {_as_tensor(offset)}, {_as_tensor(low)}, "
                         f"{_as_tensor(high)})", seed, offset, low, high, dtype=torch.int64)
 
+    def keep_bits8(self, seed, offset, p):
+        return self._op("keep_bits8", f"helpers.keep_bits8({seed}, {_as_tensor(offset)}, {float(p)!r})", seed, offset,
+                        dtype=torch.uint8)
+
     def _binary_math(self, name, a, b):
         if name == "fmod" and _is_int(op_dtype(name, a, b)):
             return self._op(name, f"({a} % {b})", a, b)

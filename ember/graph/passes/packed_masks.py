@@ -1,13 +1,14 @@
-"""Joint-graph pass: a dropout mask kept for the backward is kept as bits, eight elements to a byte.
+"""Joint-graph pass: a dropout mask kept for the backward is drawn and kept as bits, eight elements to a byte.
 
 A training step's dropout (`aten.native_dropout`) returns its output and its mask, one bool byte per
 element, and the backward multiplies the incoming gradient by that mask. Nothing can recompute the mask (it
 comes from the random generator), so the partition keeps it between the two halves: for GPT-2 at 8 x 1024
-tokens, 25 masks of 8192 x 768 bytes, 0.15 GiB at the step's peak. Here the forward packs the mask where it
-is made (a reduction of each 8 elements to one uint8: `sum(bit << position)`) and the backward unpacks it
-where it reads it (`(packed >> position) & 1`, which the backward's kernel reads in place of the bool);
-the partition then keeps the packed bytes, an eighth of the mask. The values are the same bits, so every
-gradient is the one the bool mask gives.
+tokens, 25 masks of 8192 x 768 bytes, 0.15 GiB at the step's peak. Here the forward draws the keep flags
+as bits, eight elements to a byte (`ember::dropout_bits`, whose kernel makes two Philox draws per byte
+where a dropout makes one per element), computes the dropout's output from them (`x * flag * scale`,
+unpacking `(bits >> position) & 1` where its kernel reads the flag), and the backward unpacks them where
+it reads them; the dropout's own draw is gone, and the partition keeps the packed bytes, an eighth of the
+mask. The forward's output and the backward's gradient read the same bits.
 
 Masks of fewer than MIN_PACKED_ELEMENTS elements, of a number of elements not a multiple of eight, or not
 contiguous keep their bytes; `config.packed_dropout_masks` (EMBER_PACKED_DROPOUT_MASKS=0) turns the pass off.
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ... import config
 from .common import call_op, depends_on_tangents, forward_nodes
+from ..custom_ops import dropout_bits
 from .cse import KEEP_APART
 
 aten = torch.ops.aten
@@ -77,11 +79,25 @@ def _arange(graph: torch.fx.Graph, like: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _pack(graph: torch.fx.Graph, mask: torch.fx.Node) -> torch.fx.Node:
-    bits = call_op(graph, aten._to_copy.default,
-                   call_op(graph, aten.view.default, mask, [-1, BITS]), dtype=torch.uint8)
-    shifted = call_op(graph, aten.bitwise_left_shift.Tensor, bits, _arange(graph, mask))
-    return call_op(graph, aten.sum.dim_IntList, shifted, [1], dtype=torch.uint8)
+def _draw_bits(graph: torch.fx.Graph, dropout: torch.fx.Node, mask: torch.fx.Node) -> torch.fx.Node:
+    """The dropout's keep flags drawn as bits, eight to a byte (ember::dropout_bits): the draw that replaces
+    the dropout's own, whose outputs are then all computed from these bits."""
+    val = mask.meta["val"]
+    node = graph.call_function(dropout_bits, (val.numel() // BITS, dropout.args[1], val.device))
+    with val.fake_mode:
+        node.meta["val"] = dropout_bits(val.numel() // BITS, dropout.args[1], val.device)
+    return node
+
+
+def _erase(dropout: torch.fx.Node, *results) -> None:
+    """The dropout and its results, read by nothing now: its draw is the bits' (a random op left in the
+    graph would still draw, and dead-code elimination keeps random ops outside a trace)."""
+    graph = dropout.graph
+    for r in results:
+        if r is not None and not r.users:
+            graph.erase_node(r)
+    if not dropout.users:
+        graph.erase_node(dropout)
 
 
 def _unpack(graph: torch.fx.Graph, packed: torch.fx.Node, shape) -> torch.fx.Node:
@@ -132,7 +148,7 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
     with graph.inserting_before(after):
         packable = _packable(mask, min_elements=BITS)
         # unpacked, a copy: the partitioner does not honour a policy on the getitem of a random op
-        kept = _pack(graph, mask) if packable else call_op(graph, aten.clone.default, mask)
+        kept = _draw_bits(graph, dropout, mask) if packable else call_op(graph, aten.clone.default, mask)
         flag = _unpack(graph, kept, mask.meta["val"].shape) if packable else kept
         recomputed = _masked(graph, x, flag, p)
     n = kept.next
@@ -144,6 +160,8 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
         user.replace_input_with(mask, flag)
     if out is not None:
         out.replace_all_uses_with(recomputed)
+    if packable:
+        _erase(dropout, out, mask)
 
 
 def _keep_checkpointed_draws(graph: torch.fx.Graph) -> bool:
@@ -183,22 +201,24 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
         reading = [u for u in mask.users if u not in forward]
         if not reading:
             continue
-        after = mask.next
-        with graph.inserting_before(after):
-            packed = _pack(graph, mask)
+        after, shape = mask.next, mask.meta["val"].shape
         out = _result(dropout, 0)
+        with graph.inserting_before(after):
+            packed = _draw_bits(graph, dropout, mask)
+            # the forward's output and readers, too, from the packed bits: the dropout's own draw goes, and
+            # the output's kernel reads a bit per element where it would draw a random number
+            flag = _unpack(graph, packed, shape)
+            masked = _masked(graph, dropout.args[0], flag, dropout.args[1]) if out is not None else None
+        _keep_apart(packed.next, after)
         if out is not None:
-            # the forward's output, too, from the packed bits: its kernel then reads a bit per element where
-            # it would draw the random number again (a Philox draw costs more than the read)
-            with graph.inserting_before(after):
-                masked = _masked(graph, dropout.args[0], _unpack(graph, packed, mask.meta["val"].shape),
-                                 dropout.args[1])
-            _keep_apart(packed.next, after)
             out.replace_all_uses_with(masked)
+        for user in [u for u in mask.users if u not in reading]:
+            user.replace_input_with(mask, flag)
         with graph.inserting_before(min(reading, key=order.__getitem__)):
-            unpacked = _unpack(graph, packed, mask.meta["val"].shape)
+            unpacked = _unpack(graph, packed, shape)
         for user in reading:
             user.replace_input_with(mask, unpacked)
+        _erase(dropout, out, mask)
         changed = True
     if changed:
         gm.recompile()
