@@ -21,7 +21,7 @@ from ... import state
 from ...graph import decompose
 from ...ir.nodes import Buffer, ConstantBuffer, Layout, Pointwise, ReinterpretView, TensorBox
 from ...ir.op_table import compute_dtype
-from ...ir.ops import handler, ops
+from ...ir.ops import RANDOM, handler, ops
 from ...lowering.registry import Unsupported, get_lowering
 from ..kernel import KValue, print_index
 from .spelling import TritonSpelling, triton_type
@@ -94,7 +94,7 @@ class SubgraphRenderer(TritonSpelling):
         return self._value(expr, compute_dtype(dtype), kind, (), False)
 
     def __getattr__(self, name):
-        if name in ("store", "store_reduction", "reduction", "scan", "rand", "randn", "randint64", "keep_bits8"):
+        if name in ("store", "store_reduction", "reduction", "scan", *RANDOM):
             raise Unsupported(f"flex subgraph uses {name}")
         return super().__getattr__(name)
 

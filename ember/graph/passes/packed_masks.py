@@ -164,33 +164,30 @@ def _keep_checkpointed_mask(graph: torch.fx.Graph, dropout: torch.fx.Node) -> No
         _erase(dropout, out, mask)
 
 
-def _keep_checkpointed_draws(graph: torch.fx.Graph) -> bool:
+def _keep_checkpointed_draws(graph: torch.fx.Graph) -> None:
     """A checkpointed region's other random ops of one result (bernoulli, rand_like: stochastic depth's
     per-sample keep flags) are saved, not replayed in the backward."""
-    changed = False
     for n in graph.nodes:
         if n.op == "call_function" and _checkpointed(n) and n.target is not aten.native_dropout.default \
                 and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) \
                 and isinstance(n.meta.get("val"), torch.Tensor):
             n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-            changed = True
-    return changed
 
 
 def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
+    """The pass, on a joint graph (joint.PASSES, whose runner recompiles the module once after them all)."""
     if not config.packed_dropout_masks:
         return
     graph = gm.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     forward = None
     order = {n: i for i, n in enumerate(graph.nodes)}
-    changed = _keep_checkpointed_draws(graph)
+    _keep_checkpointed_draws(graph)
     for dropout in list(graph.find_nodes(op="call_function", target=aten.native_dropout.default)):
         if not _draws(dropout):
             continue
         if _checkpointed(dropout):
             _keep_checkpointed_mask(graph, dropout)
-            changed = True
             continue
         mask = _mask_first(dropout)
         if mask is None or not _packable(mask):
@@ -219,6 +216,3 @@ def pack_dropout_masks(gm: torch.fx.GraphModule) -> None:
         for user in reading:
             user.replace_input_with(mask, unpacked)
         _erase(dropout, out, mask)
-        changed = True
-    if changed:
-        gm.recompile()
