@@ -65,7 +65,13 @@ def combinable(group) -> bool:
     return (group.is_kernel() and not group.is_reduction() and group.template() is None
             and is_static(group.group[0]) and int(group.group[0]) <= COMBINED_MAX_ELEMENTS
             and not any(n.is_scan() or n.symbols for n in group.nodes)
-            and not any(getattr(n.buf, "elements_vary", False) for n in group.nodes))
+            and not any(draws(n) for n in group.nodes))
+
+
+def draws(node) -> bool:
+    """Does the node read an element of a buffer whose elements vary between otherwise identical kernels (a
+    random op's seed)? Its kernel takes that element's position as a parameter, which a part cannot."""
+    return any(getattr(d.buf, "elements_vary", False) for d in node.deps)
 
 
 def eligible(group) -> bool:

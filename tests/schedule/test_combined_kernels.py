@@ -170,18 +170,34 @@ def projections_with_casts(x, wq, wk, wv):
     return torch.tanh(q) + k * v
 
 
-def test_weight_casts_between_products_launch_as_one(combining_backend):
+def casts_beside_draws(x, wq, wk, wv):
+    """projections_with_casts, each product scaled by a dropout's keep flags drawn as bits, kernels of their
+    own whose seed position is a kernel parameter, which a part cannot take (`| 255` keeps every flag)."""
+    def kept():
+        bits = torch.ops.ember.dropout_bits(512, 0.5, x.device)
+        return (bits[:128] | 255).eq(255).view(8, 16)
+    q, k, v = ((x @ w.to(torch.bfloat16)) * kept() for w in (wq, wk, wv))
+    return torch.tanh(q) + k * v
+
+
+# (the graph, its kernels with and without combining): the three casts read only inputs, and are gathered
+# into one combined kernel ahead of the first product, past the draws beside them
+CASTS = {"alone": (projections_with_casts, 2, 4), "beside draws": (casts_beside_draws, 3, 5)}
+
+
+@pytest.mark.parametrize("graph", sorted(CASTS))
+def test_weight_casts_between_products_launch_as_one(combining_backend, graph):
+    fn, combined, apart = CASTS[graph]
     dev = combining_backend
     x = torch.randn(8, 16, device=dev, dtype=torch.bfloat16)
     ws = [torch.randn(16, 16, device=dev) / 4 for _ in range(3)]
-    check(projections_with_casts, x, *ws, rtol=2e-2, atol=2e-2)
-    # the three casts read only inputs: gathered into one combined kernel ahead of the first product
+    check(fn, x, *ws, rtol=2e-2, atol=2e-2)
     assert ember.metrics.combined_kernels == 1 and ember.metrics.combined_kernel_parts == 3
-    assert ember.metrics.generated_kernel_count == 2
+    assert ember.metrics.generated_kernel_count == combined
     ember.metrics.reset()
     with ember.config.patch(combine_kernels=False):
-        check(projections_with_casts, x, *ws, rtol=2e-2, atol=2e-2)
-    assert ember.metrics.generated_kernel_count == 4
+        check(fn, x, *ws, rtol=2e-2, atol=2e-2)
+    assert ember.metrics.generated_kernel_count == apart
 
 
 class FakeNode:
