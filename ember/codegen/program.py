@@ -140,10 +140,12 @@ class ProgramBuilder:
         structure = None
         if all(s is not None for s in structures):
             buffers = tuple(b for s in structures for b in s.buffers)
-            # which parts' buffers are one buffer is part of the structure: the kernel takes each once
+            elements = tuple(e for s in structures for e in s.elements)
+            # which parts' buffers (and element positions) are one is part of the structure: the kernel
+            # takes each once
             order: dict = {}
-            same = tuple(order.setdefault(b, len(order)) for b in buffers)
-            structure = GroupStructure(("combined", tuple(s.key for s in structures), same), buffers)
+            same = tuple(order.setdefault(b, len(order)) for b in buffers + elements)
+            structure = GroupStructure(("combined", tuple(s.key for s in structures), same), buffers, elements)
         earlier = self.defined.get(structure.key) if structure is not None else None
         gen = _relaunch(*earlier, structure) if earlier is not None else None
         if gen is None:

@@ -7,8 +7,8 @@ parts of one combined kernel: each part runs its own iteration space on a range 
 (the backend renders it: `KernelBackend.combines_kernels`).
 
 A part is a pointwise kernel group of a static size up to COMBINED_MAX_ELEMENTS (its block count is part of
-the combined kernel's source) whose nodes use no size symbols and no varying elements (a random op's
-seed). Parts of one combined kernel are independent: none reads or writes a buffer another part writes, so
+the combined kernel's source) whose nodes use no size symbols; a random op's seed position, a parameter
+of its own kernel, is one of the combined kernel's (a dropout's keep flags beside weight casts). Parts of one combined kernel are independent: none reads or writes a buffer another part writes, so
 the parts may run in any order, at once.
 
 Eligible groups that stand apart, each between two library calls, are first gathered
@@ -64,14 +64,7 @@ def combinable(group) -> bool:
     """May this group be a part of a combined kernel? (whether its backend renders them is asked apart)"""
     return (group.is_kernel() and not group.is_reduction() and group.template() is None
             and is_static(group.group[0]) and int(group.group[0]) <= COMBINED_MAX_ELEMENTS
-            and not any(n.is_scan() or n.symbols for n in group.nodes)
-            and not any(draws(n) for n in group.nodes))
-
-
-def draws(node) -> bool:
-    """Does the node read an element of a buffer whose elements vary between otherwise identical kernels (a
-    random op's seed)? Its kernel takes that element's position as a parameter, which a part cannot."""
-    return any(getattr(d.buf, "elements_vary", False) for d in node.deps)
+            and not any(n.is_scan() or n.symbols for n in group.nodes))
 
 
 def eligible(group) -> bool:

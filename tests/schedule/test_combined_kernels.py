@@ -171,33 +171,53 @@ def projections_with_casts(x, wq, wk, wv):
 
 
 def casts_beside_draws(x, wq, wk, wv):
-    """projections_with_casts, each product scaled by a dropout's keep flags drawn as bits, kernels of their
-    own whose seed position is a kernel parameter, which a part cannot take (`| 255` keeps every flag)."""
-    def kept():
-        bits = torch.ops.ember.dropout_bits(512, 0.5, x.device)
+    """projections_with_casts, each product scaled by a dropout's keep flags drawn as bits (`| 255` keeps
+    every flag), whose kernels take their seed's position as a parameter."""
+    def kept(i):             # draws of different sizes: kernels of their own, each a part
+        bits = torch.ops.ember.dropout_bits(512 + 8 * i, 0.5, x.device)
         return (bits[:128] | 255).eq(255).view(8, 16)
-    q, k, v = ((x @ w.to(torch.bfloat16)) * kept() for w in (wq, wk, wv))
+    q, k, v = ((x @ w.to(torch.bfloat16)) * kept(i) for i, w in enumerate((wq, wk, wv)))
     return torch.tanh(q) + k * v
 
 
-# (the graph, its kernels with and without combining): the three casts read only inputs, and are gathered
-# into one combined kernel ahead of the first product, past the draws beside them
-CASTS = {"alone": (projections_with_casts, 2, 4), "beside draws": (casts_beside_draws, 3, 5)}
+# (the graph, its combined kernels' parts, its kernels with and without combining): the casts (and the draws)
+# read only inputs, and are gathered into one combined kernel ahead of the first product
+CASTS = {"alone": (projections_with_casts, 3, 2, 4), "beside draws": (casts_beside_draws, 5, 3, 7)}
 
 
 @pytest.mark.parametrize("graph", sorted(CASTS))
 def test_weight_casts_between_products_launch_as_one(combining_backend, graph):
-    fn, combined, apart = CASTS[graph]
+    fn, parts, combined, apart = CASTS[graph]
     dev = combining_backend
     x = torch.randn(8, 16, device=dev, dtype=torch.bfloat16)
     ws = [torch.randn(16, 16, device=dev) / 4 for _ in range(3)]
     check(fn, x, *ws, rtol=2e-2, atol=2e-2)
-    assert ember.metrics.combined_kernels == 1 and ember.metrics.combined_kernel_parts == 3
+    assert ember.metrics.combined_kernels == 1 and ember.metrics.combined_kernel_parts == parts
     assert ember.metrics.generated_kernel_count == combined
     ember.metrics.reset()
     with ember.config.patch(combine_kernels=False):
         check(fn, x, *ws, rtol=2e-2, atol=2e-2)
     assert ember.metrics.generated_kernel_count == apart
+
+
+def test_repeated_layers_draw_from_their_own_seeds(combining_backend, monkeypatch):
+    """Two layers' draw and cast, two combined kernels of one structure: the second launches the first's
+    kernel with its own seed positions, so the layers' bits differ."""
+    monkeypatch.setattr(combine, "COMBINED_MAX_PARTS", 2)
+
+    def two_layers(x, w0, w1):
+        bits = []
+        for w in (w0, w1):
+            bits.append(torch.ops.ember.dropout_bits(1 << 17, 0.5, x.device))   # past sibling fusion
+            x = x @ w.to(torch.bfloat16)
+        return x, *bits
+    dev = combining_backend
+    x = torch.randn(8, 16, device=dev, dtype=torch.bfloat16)
+    ws = [torch.randn(16, 16, device=dev) / 4 for _ in range(2)]
+    out, bits0, bits1 = torch.compile(two_layers, backend="ember")(x, *ws)
+    torch.testing.assert_close(out, two_layers(x, *ws)[0], rtol=2e-2, atol=2e-2)
+    assert ember.metrics.combined_kernels == 2
+    assert (bits0 != bits1).float().mean() > 0.9
 
 
 class FakeNode:

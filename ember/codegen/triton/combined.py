@@ -32,13 +32,14 @@ from .kernel import TritonKernel
 
 def generate_combined(backend, name: str, parts: list, graph) -> Optional[GeneratedKernel]:
     """[(group, its kernel-local buffers)] -> the combined kernel's GeneratedKernel; None where a part's
-    kernel is not a flat pointwise kernel of static size with pointer arguments alone."""
+    kernel is not a flat pointwise kernel of static size whose arguments are pointers and element
+    positions (a random op's seed, passed on as the combined kernel's parameter)."""
     kernels = []
     for group, local in parts:
         if choose_tiling(group, backend.tiling) is not None:
             return None
         k = generate_kernel(lambda materialize: TritonKernel(name, group, graph, local, materialize))
-        if k.has_rdim or k.args.sizes or k.args.elements or not is_static(k.X):
+        if k.has_rdim or k.args.sizes or not is_static(k.X):
             return None
         k.pid_param = True
         kernels.append(k)
@@ -50,6 +51,7 @@ def generate_combined(backend, name: str, parts: list, graph) -> Optional[Genera
     body = ["pid = tl.program_id(0)"]
     first = 0
     warps = 1
+    elements: dict[tuple, str] = {}      # (buffer, position) a part loads (a random op's seed) -> parameter
     for i, k in enumerate(kernels):
         meta = k.launch_config()
         warps = max(warps, meta["num_warps"])
@@ -61,18 +63,21 @@ def generate_combined(backend, name: str, parts: list, graph) -> Optional[Genera
         xblock = meta["XBLOCK"]
         blocks = -(-int(k.X) // xblock)
         args = [pointer[buf] for _, buf in k.args.call_order()]
+        args += [elements.setdefault(e, f"elem{len(elements)}") for e in k.args.elements]
         args += [str(int(k.X)), "pid" if first == 0 else f"pid - {first}", str(xblock)]
         branch = "if" if i == 0 else "elif"
         body += [f"{branch} pid < {first + blocks}:", f"    {functions[code]}({', '.join(args)})"]
         first += blocks
-    params = [p for p, _ in combined.call_order()]
-    sources.append("\n".join(["@triton.jit", f"def {name}({', '.join(params)}):"] + ["    " + ln for ln in body]))
+    pointers = [p for p, _ in combined.call_order()]
+    # positions are not specialized on, as in the parts' own kernels: one binary serves every layer's
+    jit = f"@triton.jit(do_not_specialize={list(elements.values())!r})" if elements else "@triton.jit"
+    signature = f"def {name}({', '.join(pointers + list(elements.values()))}):"
+    sources.append("\n".join([jit, signature] + ["    " + ln for ln in body]))
     source = "\n\n".join(s.rstrip("\n") for s in sources) + "\n"
 
-    call_args = [Name(buf) for _, buf in combined.call_order()]
+    call_args = [Name(buf) for _, buf in combined.call_order()] + [sympy.Integer(p) for _, p in elements]
     meta = {"num_warps": warps}
-    signature = KernelSignature(tuple(params), ())
     define = DefineKernel(name, source, backend, None, backend._warm(graph, call_args, [meta]), parts[0][0].device(),
-                          signature)
+                          KernelSignature(tuple(pointers), tuple(elements.values())))
     call = CallKernel(name, call_args, [sympy.Integer(first)], meta)
-    return GeneratedKernel(define, call, set(combined.outputs), source)
+    return GeneratedKernel(define, call, set(combined.outputs), source, tuple(elements))
