@@ -7,9 +7,10 @@ parts of one combined kernel: each part runs its own iteration space on a range 
 (the backend renders it: `KernelBackend.combines_kernels`).
 
 A part is a pointwise kernel group of a static size up to COMBINED_MAX_ELEMENTS (its block count is part of
-the combined kernel's source) whose nodes use no size symbols; a random op's seed position, a parameter
-of its own kernel, is one of the combined kernel's (a dropout's keep flags beside weight casts). Parts of one combined kernel are independent: none reads or writes a buffer another part writes, so
-the parts may run in any order, at once.
+the combined kernel's source) whose nodes use no size symbols; a random op's seed position, a parameter of
+its own kernel, is one of the combined kernel's (a dropout's keep flags beside weight casts). Parts of one
+combined kernel are independent: none reads or writes a buffer another part writes, so the parts may run in
+any order, at once.
 
 Eligible groups that stand apart, each between two library calls, are first gathered
 (`gather_combinable`): such a group moves up to the previous eligible group where nothing in between
