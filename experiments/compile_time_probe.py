@@ -1,11 +1,12 @@
-"""ember's own cold-compile time on HF BERT-base, GPT-2 and Llama (or ResNet-50) training steps, per stage (runs on the CPU):
+"""ember's own cold-compile time on HF BERT-base, GPT-2 and Llama (or ResNet-50) training steps, per stage (on
+the CPU):
     python -m experiments.compile_time_probe [--models bert,gpt2] [--backend triton|cpp] [--repeat N]
         [--clock cpu|wall] [--profile N] [--dump DIR] [--json NEW.json] [--before OLD.json]
 
-Each model (random weights, input randint(0, 30000, (2, 128)); llama: the anchor's llama_small; ResNet-50: randn(4, 3, 224, 224)) is compiled with
-`torch.compile(model, backend="ember")` and run for one training step (forward, then
-`.float().pow(2).mean().backward()`), in a fresh EMBER_CACHE_DIR so that no graph, kernel or tuning choice
-is warm. For each graph ember compiles (forward, backward) the probe prints the stages of
+Each model (random weights, input randint(0, 30000, (2, 128)); llama: the anchor's llama_small; ResNet-50:
+randn(4, 3, 224, 224)) is compiled with `torch.compile(model, backend="ember")` and run for one training step
+(forward, then `.float().pow(2).mean().backward()`), in a fresh EMBER_CACHE_DIR so that no graph, kernel or
+tuning choice is warm. For each graph ember compiles (forward, backward) the probe prints the stages of
 runtime/compile_profile.py and "ember python": the graph's compile time less its "kernel compile/load"
 stage. That stage is where kernels are built and loaded: with `--backend cpp` it waits for the C++
 compiler, with `--backend triton` (the default: kernels rendered as on a GPU, run by Triton's interpreter)

@@ -94,6 +94,28 @@ def _mm_into(out: torch.Tensor, x: torch.Tensor, b: torch.Tensor, bias) -> None:
         torch.addmm(bias, x, b, out=out)
 
 
+def _column_chunks(buf: torch.Tensor, src: torch.Tensor, cols: int, width: int):
+    """Yield (c0, w, buf[:, :w] holding columns c0 .. c0 + w of src padded with zeros to `cols` columns) for
+    each chunk of `width` columns; buf's rows past src's stay as they are (zero). A chunk made only of
+    padding copies nothing."""
+    from ..runtime.row_copy import copy_rows
+    rows, real_cols = src.shape
+    for c0 in range(0, cols, width):
+        w = min(width, cols - c0)
+        real = max(0, min(w, real_cols - c0))
+        if real:
+            copy_rows(buf[:rows, :real], src[:, c0:c0 + real])
+        if real < w:
+            buf[:rows, real:w].zero_()
+        yield c0, w, buf[:, :w]
+
+
+def _column_chunk_copies(src: torch.Tensor, width: int) -> set:
+    """The row copies (columns, source row stride, destination row stride) _column_chunks launches."""
+    cols = src.shape[1]
+    return {(n, src.stride(0), width) for n in (min(width, cols), cols % width) if n}
+
+
 def _chunk_padded_mm(a: torch.Tensor, a_transposed: bool, b: torch.Tensor, bias, pad_m: int, pad_k: int):
     """pad(A) @ b (+ bias), A = a.t() if a_transposed else a, A [M, K] padded by pad_m rows and pad_k
     columns of zeros: [M + pad_m, N]. A is never padded whole: a chunk of the product's rows at a time is
@@ -104,15 +126,8 @@ def _chunk_padded_mm(a: torch.Tensor, a_transposed: bool, b: torch.Tensor, bias,
     if a_transposed:
         # buffer [K + pad_k, width]: a's columns c0.. as rows of A, read with the buffer's aligned row stride
         width = padded_mm_rows(M + pad_m, K + pad_k, a.element_size())
-        buf = a.new_zeros((K + pad_k, width))
-        for c0 in range(0, M + pad_m, width):
-            w = min(width, M + pad_m - c0)
-            real = max(0, min(w, M - c0))
-            if real:
-                copy_rows(buf[:K, :real], a[:, c0:c0 + real])
-            if real < w:
-                buf[:K, real:w].zero_()
-            _mm_into(out[c0:c0 + w], buf[:, :w].t(), b, bias)
+        for c0, w, chunk in _column_chunks(a.new_zeros((K + pad_k, width)), a, M + pad_m, width):
+            _mm_into(out[c0:c0 + w], chunk.t(), b, bias)
         return out
     rows = padded_mm_rows(M, K + pad_k, a.element_size())
     buf = a.new_zeros((rows, K + pad_k))
@@ -133,8 +148,7 @@ def chunk_padded_mm_copies(a: torch.Tensor, a_transposed: bool, pad_m: int, pad_
     (a fake will do), so that a compiling graph can have them built ahead (runtime/row_copy.py)."""
     if a_transposed:
         K, M = a.shape
-        width = padded_mm_rows(M + pad_m, K + pad_k, a.element_size())
-        return {(n, a.stride(0), width) for n in (min(width, M), M % width) if n}
+        return _column_chunk_copies(a, padded_mm_rows(M + pad_m, K + pad_k, a.element_size()))
     M, K = a.shape
     return {(K, a.stride(0), K + pad_k)}
 
@@ -162,8 +176,7 @@ def pair_chunk_width(rows: int, cols: int, itemsize: int) -> int:
 def chunk_padded_mm_pair_copies(g: torch.Tensor, pad_rows: int, pad_cols: int) -> set:
     """The row copies (columns, source row stride, destination row stride) chunk_padded_mm_pair launches."""
     (R, C) = g.shape
-    width = pair_chunk_width(R + pad_rows, C + pad_cols, g.element_size())
-    return {(n, g.stride(0), width) for n in (min(width, C), C % width) if n}
+    return _column_chunk_copies(g, pair_chunk_width(R + pad_rows, C + pad_cols, g.element_size()))
 
 
 def _add_product(acc: torch.Tensor, x: torch.Tensor, b: torch.Tensor, first: bool) -> None:
@@ -188,21 +201,12 @@ def _chunk_padded_mm_pair(g: torch.Tensor, b: torch.Tensor, bt: torch.Tensor, pa
     gradient as is and transposed (an LM head's input and weight gradients from the logits gradient), in
     one loop over column chunks of g, each copied once into an aligned buffer. The transposed product's
     rows of a chunk are complete; the other product sums the chunks' partial products in float32."""
-    from ..runtime.row_copy import copy_rows
     R, C = g.shape
     rows, cols = R + pad_rows, C + pad_cols
     width = pair_chunk_width(rows, cols, g.element_size())
     acc = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=g.device)
     out_t = g.new_empty((cols, bt.shape[1]))
-    buf = g.new_zeros((rows, width))            # rows past R stay zero
-    for c0 in range(0, cols, width):
-        w = min(width, cols - c0)
-        real = max(0, min(w, C - c0))
-        if real:
-            copy_rows(buf[:R, :real], g[:, c0:c0 + real])
-        if real < w:
-            buf[:R, real:w].zero_()
-        chunk = buf[:, :w]
+    for c0, w, chunk in _column_chunks(g.new_zeros((rows, width)), g, cols, width):
         torch.mm(chunk.t(), bt, out=out_t[c0:c0 + w])
         _add_product(acc, chunk, b[c0:c0 + w], first=c0 == 0)
     return acc.to(g.dtype), out_t

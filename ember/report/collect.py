@@ -257,7 +257,8 @@ def _meta(a):
 
 def extern_flops(extern: Optional[ExternKernel]) -> int:
     """FLOPs of an extern call by torch.utils.flop_counter's formula for its op (0 for ops it has none for,
-    which are not arithmetic-bound); ember::padded_mm, chunk_padded_mm and chunk_padded_mm_pair count as the products they compute."""
+    which are not arithmetic-bound); ember::padded_mm, chunk_padded_mm and chunk_padded_mm_pair count as the
+    products they compute."""
     if extern is None:
         return 0
     from torch.utils.flop_counter import flop_registry

@@ -162,8 +162,8 @@ class CppSpelling(OpSpelling):
                         seed, offset, low, high, dtype=torch.int64)
 
     def keep_bits8(self, seed, offset, p):
-        return self._op("keep_bits8", f"ember::philox_keep_bits8({seed}, {offset}, static_cast<float>({float(p)!r}))", seed, offset,
-                        dtype=torch.uint8)
+        call = f"ember::philox_keep_bits8({seed}, {offset}, static_cast<float>({float(p)!r}))"
+        return self._op("keep_bits8", call, seed, offset, dtype=torch.uint8)
 
     def _call(self, name, fn: str, a, b, template=False):
         """`fn(a, b)` with both operands as the result's type (`fn<T>(...)` with `template`)."""

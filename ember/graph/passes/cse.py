@@ -9,9 +9,9 @@ cache. ember merges them here and turns torch's pass off for its partition (grap
 
 Two nodes merge when they call the same op on the same arguments (the nodes among them merged first),
 between the same mutations, and the op is deterministic and functional. Kept apart, as torch keeps them:
-random ops and uninitialized allocations (`empty`), nodes a pass marks `KEEP_APART`, ops that mutate or have effects, nodes whose storage a
-graph output returns (two equal outputs stay two tensors, as in eager), and nodes that produce symbolic
-sizes (their metadata names an unbacked symbol the merged node would not).
+random ops and uninitialized allocations (`empty`), nodes a pass marks `KEEP_APART`, ops that mutate or
+have effects, nodes whose storage a graph output returns (two equal outputs stay two tensors, as in eager),
+and nodes that produce symbolic sizes (their metadata names an unbacked symbol the merged node would not).
 """
 from __future__ import annotations
 
