@@ -1,6 +1,7 @@
 """Dropout masks kept for the backward as bits (graph/passes/packed_masks.py): the forward draws the keep
 flags as one uint8 per eight elements (ember::dropout_bits), computes its output from them and saves them
-instead of a bool per element, and the backward's gradient is still the forward's mask times the scale. ember's random values are not eager's, so the checks read the mask off the output."""
+instead of a bool per element, and the backward's gradient is still the forward's mask times the scale.
+ember's random values are not eager's, so the checks read the mask off the output."""
 import pytest
 import torch
 import torch.nn.functional as F

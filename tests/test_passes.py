@@ -597,7 +597,8 @@ def test_a_large_input_is_padded_a_chunk_at_a_time_by_each_product(device, monke
         check(lambda x, w: (x.view(203, 96) @ w.t()).view(7, 29, 1001), x, w, grad=True, **tol)
     backward = graphs[1]
     align = 16 // x.element_size()                  # _force_padding aligns rows to 16 bytes
-    assert [n.args[3:] for n in backward.nodes if n.target is ops.chunk_padded_mm_pair] == [(-203 % align, -1001 % align)]
+    pairs = [n.args[3:] for n in backward.nodes if n.target is ops.chunk_padded_mm_pair]
+    assert pairs == [(-203 % align, -1001 % align)]
     assert not any(n.target in (ops.chunk_padded_mm, aten.mm.default) for n in backward.nodes)
     assert not any(n.target is aten.constant_pad_nd.default and n.args[0].meta["val"].numel() == 203 * 1001
                    for n in backward.nodes)
